@@ -1,0 +1,54 @@
+// Argument checks of tree_verify_attention(_out), shared by the CPU and CUDA implementations so that both
+// reject the same inputs with the same messages. Shape/dtype/device checks only: they read no tensor
+// values, so they are free under CUDA-graph capture. The value checks (indptr order, slot range, enough
+// mask words) are in check_tree_verify_values, which the CPU path always runs and the CUDA path runs only
+// with KDTREE_OPS_DEBUG=1 outside graph capture (reading device values is a host sync).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+namespace kdtree {
+
+// Sizes of one validated call.
+struct TreeVerifyDims {
+  int64_t num_tokens;    // N: query rows (draft tokens of all requests, plus graph padding)
+  int64_t num_q_heads;   // Hq
+  int64_t num_kv_heads;  // Hkv (Hq % Hkv == 0)
+  int64_t head_dim_qk;   // Dqk
+  int64_t head_dim_v;    // Dv
+  int64_t batch;         // B
+  int64_t mask_words;    // W: int32 words per tree-mask row
+  bool draft_in_cache;   // true: the draft tokens' K/V are the last T_b slots of each request
+};
+
+// Validates shapes, dtypes, devices and strides; `out` (when given) must be [N, Hq, Dv], contiguous,
+// dtype of q.
+TreeVerifyDims check_tree_verify_args(
+    const at::Tensor& q,                     // [N, Hq, Dqk]
+    const at::Tensor& k_cache,               // [S, Hkv, Dqk]
+    const at::Tensor& v_cache,               // [S, Hkv, Dv]
+    const at::Tensor& qo_indptr,             // [B+1] int32
+    const at::Tensor& kv_indptr,             // [B+1] int32
+    const at::Tensor& kv_indices,            // [>= kv_indptr[B]] int32 | int64
+    const at::Tensor& tree_mask,             // [N, W] int32
+    const std::optional<at::Tensor>& k_draft,  // [N, Hkv, Dqk] or None
+    const std::optional<at::Tensor>& v_draft,  // [N, Hkv, Dv] or None
+    const at::Tensor* out);                  // [N, Hq, Dv] or nullptr
+
+// Validates the index tensors' values (reads them: host sync on CUDA). Takes CPU tensors.
+void check_tree_verify_values(
+    const TreeVerifyDims& dims,
+    const at::Tensor& qo_indptr,
+    const at::Tensor& kv_indptr,
+    const at::Tensor& kv_indices,
+    int64_t num_slots);
+
+// Allocates the op's output: [N, Hq, Dv], dtype and device of q.
+at::Tensor new_attention_output(const at::Tensor& q, const TreeVerifyDims& dims);
+
+// True when KDTREE_OPS_DEBUG=1: the CUDA path then also runs the value checks (outside graph capture).
+bool debug_checks_enabled();
+
+}  // namespace kdtree

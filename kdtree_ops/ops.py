@@ -1,0 +1,174 @@
+"""Typed wrappers and fake (meta) implementations of the kdtree ops.
+
+Importing this module builds (first use) and loads the library, whose schemas (csrc/ops.cpp) are the
+contract; each wrapper calls `torch.ops.kdtree.<op>.default`, and each fake derives output shapes from input
+shapes only, so torch.compile traces every call as one opaque node with dynamic shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from . import build
+
+build.load()
+
+__all__ = [
+    "tree_verify_attention",
+    "tree_verify_attention_out",
+    "tree_mask_from_parents",
+    "tree_mask_from_dense",
+    "record_divergence",
+]
+
+
+def attention_output_shape(q: torch.Tensor, v_cache: torch.Tensor) -> tuple:
+    """[N, Hq, Dv]: the output of tree_verify_attention (shared by the wrapper's callers and the fake)."""
+    return (q.shape[0], q.shape[1], v_cache.shape[2])
+
+
+def tree_verify_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float = 0.0,
+    k_draft: torch.Tensor | None = None,
+    v_draft: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Tree-verify attention: each draft token attends to its request's prefix and its tree ancestors.
+
+    Args:
+        q: [N, Hq, Dqk] float32/bfloat16/float16, last dim contiguous. Row `qo_indptr[b] + j` is draft
+            token j of request b (tree order, root first). Rows past `qo_indptr[B]` (graph padding) give zeros.
+        k_cache: [S, Hkv, Dqk], dtype of q, any row/head stride, last dim contiguous. Hq % Hkv == 0.
+        v_cache: [S, Hkv, Dv], dtype of q; may alias k_cache (MLA: `v_cache = kv_cache[..., :512]`).
+        qo_indptr: [B+1] int32: request b owns query rows qo_indptr[b]:qo_indptr[b+1] (T_b tokens).
+        kv_indptr: [B+1] int32: request b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]].
+        kv_indices: [>= kv_indptr[B]] int32 or int64 slot numbers into the caches; entries past
+            kv_indptr[B] are ignored. Without k_draft/v_draft the slots are the prefix then the T_b draft
+            tokens; with them, the prefix only.
+        tree_mask: [N, W] int32, W >= ceil(max T_b / 32): bit j % 32 of word j // 32 of row i set iff draft
+            token i attends draft token j of its own request. Prefix columns are always visible.
+        sm_scale: scale of q·kᵀ before the softmax.
+        logit_cap: if > 0, scores become logit_cap * tanh(score / logit_cap) (after sm_scale).
+        k_draft: optional [N, Hkv, Dqk], dtype of q: the draft tokens' keys, row-aligned with q.
+        v_draft: optional [N, Hkv, Dv], dtype of q: the draft tokens' values (given with k_draft).
+
+    Returns:
+        [N, Hq, Dv] contiguous, dtype of q. A row that sees nothing is zeros.
+    """
+    return torch.ops.kdtree.tree_verify_attention.default(
+        q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft
+    )
+
+
+def tree_verify_attention_out(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    tree_mask: torch.Tensor,
+    sm_scale: float,
+    logit_cap: float = 0.0,
+    k_draft: torch.Tensor | None = None,
+    v_draft: torch.Tensor | None = None,
+    *,
+    out: torch.Tensor,
+) -> None:
+    """tree_verify_attention writing into `out`: [N, Hq, Dv], contiguous, dtype of q (e.g. a graph's buffer).
+
+    Arguments as for `tree_verify_attention`.
+    """
+    torch.ops.kdtree.tree_verify_attention_out.default(
+        q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft,
+        out=out,
+    )
+
+
+def tree_mask_from_parents(parents: torch.Tensor, qo_indptr: torch.Tensor, words: int) -> torch.Tensor:
+    """Packed ancestor bitmask of every request's tree.
+
+    Args:
+        parents: [N] int32: parent of draft token j of request b (row qo_indptr[b] + j), as an index within the
+            request (< j), or -1 for the root.
+        qo_indptr: [B+1] int32: request b owns rows qo_indptr[b]:qo_indptr[b+1].
+        words: int32 words per row (>= ceil(max T_b / 32)).
+
+    Returns:
+        [N, words] int32: row i has the bits of token i and all its ancestors; rows past qo_indptr[B] are zero.
+    """
+    return torch.ops.kdtree.tree_mask_from_parents.default(parents, qo_indptr, words)
+
+
+def tree_mask_from_dense(
+    custom_mask: torch.Tensor,
+    mask_indptr: torch.Tensor,
+    qo_indptr: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    num_tokens: int,
+    words: int,
+) -> torch.Tensor:
+    """Packed bitmask from SGLang's dense FULL_MASK layout.
+
+    Args:
+        custom_mask: [*] uint8 or bool, flat: request b's mask is row-major [T_b, L_b + T_b] at mask_indptr[b].
+        mask_indptr: [>= B] int32 or int64: start of each request's mask in custom_mask.
+        qo_indptr: [B+1] int32: request b owns rows qo_indptr[b]:qo_indptr[b+1] (T_b of them).
+        prefix_lens: [B] int32 or int64: L_b, the committed prefix length of request b.
+        num_tokens: rows of the result (no input's shape carries it: a graph bucket pads past qo_indptr[B]).
+        words: int32 words per row (>= ceil(max T_b / 32)).
+
+    Returns:
+        [num_tokens, words] int32: bit j of row qo_indptr[b] + i is the mask's draft column j of that row;
+        rows past qo_indptr[B] are zero.
+    """
+    return torch.ops.kdtree.tree_mask_from_dense.default(
+        custom_mask, mask_indptr, qo_indptr, prefix_lens, num_tokens, words
+    )
+
+
+def record_divergence(out: torch.Tensor, ref: torch.Tensor, stats: torch.Tensor) -> None:
+    """Accumulates divergence of `out` from `ref` on the device, with no host sync.
+
+    Args:
+        out: any shape, floating point.
+        ref: shape of out, floating point.
+        stats: [3] float32, updated in place: (running max |out - ref| over finite elements of out,
+            count of non-finite elements of out, number of calls).
+    """
+    torch.ops.kdtree.record_divergence.default(out, ref, stats)
+
+
+@torch.library.register_fake("kdtree::tree_verify_attention")
+def _tree_verify_attention_fake(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
+                                logit_cap=0.0, k_draft=None, v_draft=None):
+    torch._check(q.shape[1] % k_cache.shape[1] == 0, lambda: "Hq must be a multiple of Hkv")
+    return q.new_empty(attention_output_shape(q, v_cache))
+
+
+@torch.library.register_fake("kdtree::tree_verify_attention_out")
+def _tree_verify_attention_out_fake(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
+                                    logit_cap=0.0, k_draft=None, v_draft=None, *, out):
+    return None
+
+
+@torch.library.register_fake("kdtree::tree_mask_from_parents")
+def _tree_mask_from_parents_fake(parents, qo_indptr, words):
+    return parents.new_empty((parents.shape[0], words), dtype=torch.int32)
+
+
+@torch.library.register_fake("kdtree::tree_mask_from_dense")
+def _tree_mask_from_dense_fake(custom_mask, mask_indptr, qo_indptr, prefix_lens, num_tokens, words):
+    return qo_indptr.new_empty((num_tokens, words), dtype=torch.int32)
+
+
+@torch.library.register_fake("kdtree::record_divergence")
+def _record_divergence_fake(out, ref, stats):
+    return None
