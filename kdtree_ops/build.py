@@ -89,13 +89,33 @@ def _sources(root: Path, cuda: bool) -> list[Path]:
     return sorted(p for pattern in patterns for p in root.glob(pattern))
 
 
+def _cuda_library_headers(home: Path) -> list[str]:
+    """Where cuSPARSE/cuBLAS headers live when the toolkit lacks them (torch's pip wheels ship them).
+
+    They go in as -isystem, after the toolkit's own headers: the wheels' crt/ headers may be another CUDA
+    release than the nvcc that generates the host stubs.
+    """
+    if (home / "include" / "cusparse.h").exists():
+        return []
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        for include in sorted(Path(base).glob("*/include")):
+            if (include / "cusparse.h").exists():
+                return ["-isystem", str(include)]
+    return []
+
+
 def _flags(root: Path, archs: list[str]) -> tuple[list[str], list[str]]:
     """(C++ flags, nvcc flags): the one place compiler flags are set."""
     cflags = ["-O3", "-std=c++20", "-DNDEBUG", f"-I{root}"]
+    if not archs:
+        return cflags, []
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     cuda_flags = ["-O3", "-std=c++20", "-DNDEBUG", f"-I{root}", "-lineinfo", "--expt-relaxed-constexpr",
-                  "-Xptxas=-warn-spills", "-DKDTREE_WITH_CUDA", *gencode]
-    return cflags + (["-DKDTREE_WITH_CUDA"] if archs else []), cuda_flags
+                  "-Xptxas=-warn-spills", *_cuda_library_headers(cuda_home()), *gencode]
+    return cflags, cuda_flags
 
 
 def cache_dir() -> Path:
@@ -105,9 +125,10 @@ def cache_dir() -> Path:
     return Path(base) / "kdtree_ops"
 
 
-def _build_key(sources: list[Path], root: Path, flags: tuple[list[str], list[str]]) -> str:
+def _build_key(sources: list[Path], root: Path, flags: tuple[list[str], list[str]], cuda: bool) -> str:
     digest = hashlib.sha256()
-    headers = sorted(p for pattern in ("*.h", "cpu/*.h", "cuda/*.cuh", "cuda/*.h") for p in root.glob(pattern))
+    patterns = ("*.h", "cpu/*.h") + (("cuda/*.cuh", "cuda/*.h") if cuda else ())
+    headers = sorted(p for pattern in patterns for p in root.glob(pattern))
     for path in sorted(set(sources) | set(headers)):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
@@ -126,7 +147,7 @@ def load(verbose: bool | None = None) -> Path:
     archs = cuda_archs() if cuda else []
     sources = _sources(root, cuda)
     flags = _flags(root, archs)
-    name = f"kdtree_ops_{_build_key(sources, root, flags)}"
+    name = f"kdtree_ops_{_build_key(sources, root, flags, cuda)}"
     build_dir = cache_dir() / name
     build_dir.mkdir(parents=True, exist_ok=True)
     library = build_dir / f"{name}.so"
@@ -142,11 +163,12 @@ def load(verbose: bool | None = None) -> Path:
 
 def _compile(name: str, sources: list[Path], flags: tuple[list[str], list[str]], build_dir: Path,
              archs: list[str], verbose: bool) -> None:
+    if archs:
+        os.environ["CUDA_HOME"] = str(cuda_home())
     from torch.utils import cpp_extension
 
     if archs:
-        os.environ["CUDA_HOME"] = str(cuda_home())
-        cpp_extension.CUDA_HOME = str(cuda_home())  # torch read its own guess at import
+        cpp_extension.CUDA_HOME = str(cuda_home())  # in case torch had made its own guess at an earlier import
     target = "CPU" + (" + CUDA " + ", ".join(f"sm_{a}" for a in archs) if archs else "")
     print(f"kdtree_ops: compiling {len(sources)} sources for {target} into {build_dir} "
           "(first use only; takes minutes) ...", file=sys.stderr, flush=True)

@@ -1,0 +1,43 @@
+"""Shared setup of the kdtree_ops test suites.
+
+- Hypothesis runs under the "kdtree" profile: no deadline (the first call of an op may build the library;
+  CPU kernels on a shared 2-core CI machine are slow to start) and few examples per property, so the CPU
+  suite stays within a few minutes. `HYPOTHESIS_PROFILE=thorough` runs ten times as many.
+- Tests marked `cuda` need a CUDA device; suites generate them only when one is present (their DEVICES
+  lists), and this file skips any that remain on a machine without one. CPU tests never skip.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+settings.register_profile(
+    "kdtree",
+    deadline=None,
+    max_examples=30,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    print_blob=True,
+)
+settings.register_profile("thorough", parent=settings.get_profile("kdtree"), max_examples=250)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kdtree"))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def ops():
+    """kdtree_ops.ops, built and loaded once per session (the first use compiles csrc/)."""
+    import kdtree_ops.ops
+
+    return kdtree_ops.ops

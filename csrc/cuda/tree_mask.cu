@@ -1,0 +1,265 @@
+// CUDA impls of the packed tree-mask helpers (schemas in csrc/ops.cpp, semantics in kdtree_ops/ops.py):
+//   tree_mask_from_parents: ancestor bitmask from within-request parent indices;
+//   tree_mask_from_dense:   bitmask from SGLang's dense FULL_MASK layout.
+// Both are capture-safe: the grid depends on shapes only and every per-request length (qo_indptr,
+// prefix_lens, mask_indptr) is read on the device, so a graph captured at one bucket replays correctly for
+// any batch that fits it. Value checks run only with KDTREE_OPS_DEBUG=1 outside capture (host sync).
+//
+// One warp per output row: it finds its request by binary search over qo_indptr, so rows of empty
+// requests and padding rows past qo_indptr[B] need no separate pass (they are written as zeros).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraphsUtils.cuh>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+#include "tree_verify_args.h"
+
+namespace kdtree {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+constexpr int kThreads = 32 * kWarpsPerBlock;
+constexpr int64_t kMaxTreeTokens = 1024;
+
+// Request that owns query row `row`, or -1 when the row is past qo_indptr[B] (graph padding).
+// qo_indptr is non-decreasing, so the last b with qo_indptr[b] <= row also has row < qo_indptr[b+1].
+__device__ __forceinline__ int find_request(const int32_t* __restrict__ qo_indptr, int batch, int64_t row) {
+  if (batch <= 0 || row >= qo_indptr[batch]) return -1;
+  int lo = 0, hi = batch - 1;  // answer in [lo, hi]
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) / 2;
+    if (qo_indptr[mid] <= row) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Grid size for `rows` warp-per-row items: enough blocks to cover them, capped (the loops are grid-stride).
+int64_t grid_for_rows(int64_t rows) {
+  const int64_t blocks = (rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  return std::clamp<int64_t>(blocks, 1, 65535);
+}
+
+// mask [num_rows, words]: lane l writes words l, l+32, ...; every lane walks the same parent chain
+// (broadcast loads) and keeps the bits that fall in its words. A chain that does not strictly decrease or
+// leaves the request (invalid input, rejected by the debug checks) ends the walk instead of looping.
+__global__ void mask_from_parents_kernel(
+    const int32_t* __restrict__ parents,    // [num_rows]
+    const int32_t* __restrict__ qo_indptr,  // [batch+1]
+    int32_t* __restrict__ mask,             // [num_rows, words]
+    int batch, int64_t num_rows, int words) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int64_t num_warps = gridDim.x * static_cast<int64_t>(blockDim.x) / 32;
+  for (int64_t row = warp; row < num_rows; row += num_warps) {
+    int32_t* out = mask + row * words;
+    const int b = find_request(qo_indptr, batch, row);
+    if (b < 0) {
+      for (int w = lane; w < words; w += 32) out[w] = 0;
+      continue;
+    }
+    const int64_t start = qo_indptr[b];
+    const int tree = qo_indptr[b + 1] - static_cast<int>(start);
+    for (int w0 = 0; w0 < words; w0 += 32) {
+      const int w = w0 + lane;
+      uint32_t bits = 0;
+      int node = static_cast<int>(row - start);
+      while (true) {
+        if ((node >> 5) == w) bits |= 1u << (node & 31);
+        const int parent = parents[start + node];
+        if (parent < 0 || parent >= node || parent >= tree) break;
+        node = parent;
+      }
+      if (w < words) out[w] = static_cast<int32_t>(bits);
+    }
+  }
+}
+
+// mask [num_rows, words]: one warp per row; for each word, lane l reads draft column 32*w + l of the row's
+// dense mask (32 consecutive bytes: coalesced) and a ballot packs the 32 bits.
+template <typename MaskT, typename OffsetT, typename PrefixT>
+__global__ void mask_from_dense_kernel(
+    const MaskT* __restrict__ dense,          // [dense_len] flat FULL_MASK
+    const OffsetT* __restrict__ mask_indptr,  // [>= batch]
+    const int32_t* __restrict__ qo_indptr,    // [batch+1]
+    const PrefixT* __restrict__ prefix_lens,  // [batch]
+    int32_t* __restrict__ mask,               // [num_rows, words]
+    int batch, int64_t num_rows, int words, int64_t dense_len) {
+  const int lane = threadIdx.x % 32;
+  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
+  const int64_t num_warps = gridDim.x * static_cast<int64_t>(blockDim.x) / 32;
+  for (int64_t row = warp; row < num_rows; row += num_warps) {
+    int32_t* out = mask + row * words;
+    const int b = find_request(qo_indptr, batch, row);
+    if (b < 0) {
+      for (int w = lane; w < words; w += 32) out[w] = 0;
+      continue;
+    }
+    const int64_t start = qo_indptr[b];
+    const int64_t tree = qo_indptr[b + 1] - start;
+    const int64_t prefix = static_cast<int64_t>(prefix_lens[b]);
+    // Row i of request b: [L_b + T_b] bytes at mask_indptr[b] + i * (L_b + T_b); its draft columns start at L_b.
+    const int64_t row_start = static_cast<int64_t>(mask_indptr[b]) + (row - start) * (prefix + tree) + prefix;
+    for (int w = 0; w < words; ++w) {
+      const int64_t col = 32 * static_cast<int64_t>(w) + lane;
+      const int64_t at = row_start + col;
+      const bool visible = col < tree && at >= 0 && at < dense_len && dense[at] != 0;
+      const uint32_t bits = __ballot_sync(0xffffffffu, visible);
+      if (lane == 0) out[w] = static_cast<int32_t>(bits);
+    }
+  }
+}
+
+bool value_checks_wanted() {
+  return debug_checks_enabled() && at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None;
+}
+
+void check_qo_indptr_values(const char* op, const at::Tensor& qo_cpu, int64_t num_rows, int64_t words) {
+  const int32_t* qo = qo_cpu.data_ptr<int32_t>();
+  const int64_t batch = qo_cpu.size(0) - 1;
+  TORCH_CHECK(qo[0] == 0, op, ": qo_indptr[0] must be 0, got ", qo[0]);
+  TORCH_CHECK(qo[batch] <= num_rows, op, ": qo_indptr[B] = ", qo[batch], " exceeds the ", num_rows, " rows");
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t tree = qo[b + 1] - qo[b];
+    TORCH_CHECK(tree >= 0, op, ": qo_indptr must be non-decreasing (request ", b, ")");
+    TORCH_CHECK(tree <= kMaxTreeTokens, op, ": request ", b, " has ", tree,
+                " draft tokens; trees of up to 1024 tokens are supported");
+    TORCH_CHECK(tree <= 32 * words, op, ": request ", b, " has ", tree, " draft tokens but words = ", words,
+                " holds only ", 32 * words, " bits per row");
+  }
+}
+
+void check_qo_indptr(const char* op, const at::Tensor& qo_indptr, const at::Device& device) {
+  TORCH_CHECK(qo_indptr.dim() == 1 && qo_indptr.size(0) >= 1, op, ": qo_indptr must be 1-D [B+1], got ",
+              qo_indptr.sizes());
+  TORCH_CHECK(qo_indptr.scalar_type() == at::kInt, op, ": qo_indptr must be int32, got ", qo_indptr.scalar_type());
+  TORCH_CHECK(qo_indptr.device() == device, op, ": qo_indptr must be on ", device, ", got ", qo_indptr.device());
+  TORCH_CHECK(qo_indptr.is_contiguous(), op, ": qo_indptr must be contiguous");
+}
+
+at::Tensor tree_mask_from_parents_cuda(const at::Tensor& parents,    // [N] int32
+                                       const at::Tensor& qo_indptr,  // [B+1] int32
+                                       int64_t words) {
+  constexpr const char* op = "tree_mask_from_parents";
+  TORCH_CHECK(parents.dim() == 1, op, ": parents must be 1-D [N], got ", parents.sizes());
+  TORCH_CHECK(parents.scalar_type() == at::kInt, op, ": parents must be int32, got ", parents.scalar_type());
+  TORCH_CHECK(parents.is_contiguous(), op, ": parents must be contiguous");
+  check_qo_indptr(op, qo_indptr, parents.device());
+  TORCH_CHECK(words >= 0, op, ": words must be >= 0, got ", words);
+  const int64_t num_rows = parents.size(0);
+  const int64_t batch = qo_indptr.size(0) - 1;
+
+  const c10::cuda::CUDAGuard guard(parents.device());
+  if (value_checks_wanted()) {
+    const at::Tensor qo = qo_indptr.cpu();
+    check_qo_indptr_values(op, qo, num_rows, words);
+    const at::Tensor par = parents.cpu();
+    const int32_t* p = par.data_ptr<int32_t>();
+    const int32_t* q = qo.data_ptr<int32_t>();
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t j = 0; j < q[b + 1] - q[b]; ++j) {
+        const int32_t parent = p[q[b] + j];
+        TORCH_CHECK(parent >= -1 && parent < j, op, ": parents[", q[b] + j, "] = ", parent, " (token ", j,
+                    " of request ", b, ") must be -1 or the index of an earlier token of its request");
+      }
+    }
+  }
+
+  at::Tensor mask = at::empty({num_rows, words}, parents.options().dtype(at::kInt));
+  if (num_rows == 0 || words == 0) return mask;
+  mask_from_parents_kernel<<<grid_for_rows(num_rows), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+      parents.data_ptr<int32_t>(), qo_indptr.data_ptr<int32_t>(), mask.data_ptr<int32_t>(),
+      static_cast<int>(batch), num_rows, static_cast<int>(words));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return mask;
+}
+
+template <typename OffsetT, typename PrefixT>
+void check_dense_values(const at::Tensor& mask_indptr_any, const at::Tensor& qo_cpu,
+                        const at::Tensor& prefix_lens_any, int64_t dense_len) {
+  const at::Tensor mi = mask_indptr_any.cpu();
+  const at::Tensor pl = prefix_lens_any.cpu();
+  const OffsetT* m = mi.data_ptr<OffsetT>();
+  const PrefixT* l = pl.data_ptr<PrefixT>();
+  const int32_t* q = qo_cpu.data_ptr<int32_t>();
+  for (int64_t b = 0; b + 1 < qo_cpu.size(0); ++b) {
+    const int64_t tree = q[b + 1] - q[b];
+    TORCH_CHECK(l[b] >= 0, "tree_mask_from_dense: prefix_lens[", b, "] = ", l[b], " must be >= 0");
+    const int64_t end = static_cast<int64_t>(m[b]) + tree * (static_cast<int64_t>(l[b]) + tree);
+    TORCH_CHECK(m[b] >= 0 && end <= dense_len, "tree_mask_from_dense: request ", b, "'s mask [",
+                m[b], ", ", end, ") is outside custom_mask's ", dense_len, " elements");
+  }
+}
+
+at::Tensor tree_mask_from_dense_cuda(const at::Tensor& custom_mask,  // [*] uint8 | bool, flat FULL_MASK
+                                     const at::Tensor& mask_indptr,  // [>= B] int32 | int64
+                                     const at::Tensor& qo_indptr,    // [B+1] int32
+                                     const at::Tensor& prefix_lens,  // [B] int32 | int64
+                                     int64_t num_tokens, int64_t words) {
+  constexpr const char* op = "tree_mask_from_dense";
+  const auto device = qo_indptr.device();
+  check_qo_indptr(op, qo_indptr, device);
+  const int64_t batch = qo_indptr.size(0) - 1;
+  TORCH_CHECK(custom_mask.scalar_type() == at::kByte || custom_mask.scalar_type() == at::kBool, op,
+              ": custom_mask must be uint8 or bool, got ", custom_mask.scalar_type());
+  TORCH_CHECK(custom_mask.is_contiguous(), op, ": custom_mask must be contiguous (a flat FULL_MASK buffer)");
+  TORCH_CHECK(mask_indptr.dim() == 1 && mask_indptr.size(0) >= batch &&
+                  (mask_indptr.scalar_type() == at::kInt || mask_indptr.scalar_type() == at::kLong),
+              op, ": mask_indptr must be 1-D int32 or int64 with >= B = ", batch, " entries, got ",
+              mask_indptr.scalar_type(), " ", mask_indptr.sizes());
+  TORCH_CHECK(prefix_lens.dim() == 1 && prefix_lens.size(0) >= batch &&
+                  (prefix_lens.scalar_type() == at::kInt || prefix_lens.scalar_type() == at::kLong),
+              op, ": prefix_lens must be 1-D int32 or int64 [B] = [", batch, "], got ", prefix_lens.scalar_type(),
+              " ", prefix_lens.sizes());
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{custom_mask, "custom_mask"},
+                                {mask_indptr, "mask_indptr"}, {prefix_lens, "prefix_lens"}}) {
+    TORCH_CHECK(t.device() == device, op, ": ", name, " must be on the device of qo_indptr (", device, "), got ",
+                t.device());
+  }
+  TORCH_CHECK(mask_indptr.is_contiguous() && prefix_lens.is_contiguous(), op,
+              ": mask_indptr and prefix_lens must be contiguous");
+  TORCH_CHECK(num_tokens >= 0 && words >= 0, op, ": num_tokens and words must be >= 0, got ", num_tokens, " and ",
+              words);
+
+  const c10::cuda::CUDAGuard guard(device);
+  const bool checks = value_checks_wanted();
+  at::Tensor qo_cpu;
+  if (checks) {
+    qo_cpu = qo_indptr.cpu();
+    check_qo_indptr_values(op, qo_cpu, num_tokens, words);
+  }
+
+  at::Tensor mask = at::empty({num_tokens, words}, qo_indptr.options().dtype(at::kInt));
+  if (num_tokens == 0 || words == 0) return mask;
+  const int64_t dense_len = custom_mask.numel();
+  // bool and uint8 share a 1-byte layout: read both as uint8.
+  const uint8_t* dense = static_cast<const uint8_t*>(custom_mask.data_ptr());
+  auto launch = [&](auto offset_tag, auto prefix_tag) {
+    using OffsetT = decltype(offset_tag);
+    using PrefixT = decltype(prefix_tag);
+    if (checks) check_dense_values<OffsetT, PrefixT>(mask_indptr, qo_cpu, prefix_lens, dense_len);
+    mask_from_dense_kernel<uint8_t, OffsetT, PrefixT>
+        <<<grid_for_rows(num_tokens), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
+            dense, mask_indptr.data_ptr<OffsetT>(), qo_indptr.data_ptr<int32_t>(), prefix_lens.data_ptr<PrefixT>(),
+            mask.data_ptr<int32_t>(), static_cast<int>(batch), num_tokens, static_cast<int>(words), dense_len);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  const bool offset64 = mask_indptr.scalar_type() == at::kLong;
+  const bool prefix64 = prefix_lens.scalar_type() == at::kLong;
+  if (offset64 && prefix64) launch(int64_t{}, int64_t{});
+  else if (offset64) launch(int64_t{}, int32_t{});
+  else if (prefix64) launch(int32_t{}, int64_t{});
+  else launch(int32_t{}, int32_t{});
+  return mask;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(kdtree, CUDA, m) {
+  m.impl("tree_mask_from_parents", &tree_mask_from_parents_cuda);
+  m.impl("tree_mask_from_dense", &tree_mask_from_dense_cuda);
+}
+
+}  // namespace kdtree

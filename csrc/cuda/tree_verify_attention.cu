@@ -1,0 +1,154 @@
+// CUDA implementation of kdtree::tree_verify_attention(_out): argument checks, parameter packing and the
+// choice of kernel family by head dims. Capture-safe: no host sync (value checks only with
+// KDTREE_OPS_DEBUG=1 outside capture), launches on the current stream, grid from the device only.
+#include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CUDAGraphsUtils.cuh>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
+
+#include "tree_verify_args.h"
+#include "tree_verify_launch.cuh"
+
+namespace kdtree::cuda {
+
+int* row_tile_counters(int64_t count, const at::Tensor& like) {
+  // Kept for the life of the process: a captured graph holds the pointer and replays against it.
+  static std::mutex mutex;
+  static std::map<std::pair<int, cudaStream_t>, at::Tensor> buffers;
+  static std::vector<at::Tensor> retired;  // outgrown, but possibly still referenced by a captured graph
+  std::lock_guard<std::mutex> lock(mutex);
+  const auto key = std::make_pair(like.get_device(), at::cuda::getCurrentCUDAStream().stream());
+  auto it = buffers.find(key);
+  if (it == buffers.end() || it->second.numel() < count) {
+    if (it != buffers.end()) retired.push_back(it->second);
+    at::Tensor fresh = at::zeros({std::max<int64_t>(count, 4096)}, like.options().dtype(at::kInt));
+    it = buffers.insert_or_assign(key, fresh).first;
+  }
+  return it->second.data_ptr<int>();
+}
+
+}  // namespace kdtree::cuda
+
+namespace kdtree {
+namespace {
+
+void check_16_byte_rows(const at::Tensor& t, const char* name) {
+  const bool aligned = reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0 &&
+                       (t.size(0) <= 1 || t.stride(0) % 8 == 0) && (t.size(1) <= 1 || t.stride(1) % 8 == 0);
+  TORCH_CHECK(aligned, "tree_verify_attention: on CUDA, ", name,
+              " needs 16-byte aligned rows (data pointer and row/head strides multiples of 8 elements), got "
+              "strides ", t.strides());
+}
+
+bool is_prefix_view(const at::Tensor& v, const at::Tensor& k) {
+  return v.data_ptr() == k.data_ptr() && v.stride(0) == k.stride(0) && v.stride(1) == k.stride(1) &&
+         v.size(2) <= k.size(2);
+}
+
+void tree_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+                                const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
+                                double logit_cap, const std::optional<at::Tensor>& k_draft,
+                                const std::optional<at::Tensor>& v_draft, at::Tensor& out,
+                                const TreeVerifyDims& d) {
+  const c10::cuda::CUDAGuard guard(q.device());
+  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
+              "tree_verify_attention: on CUDA, q must be bfloat16 or float16, got ", q.scalar_type());
+  if (debug_checks_enabled() && at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None) {
+    check_tree_verify_values(d, qo_indptr, kv_indptr, kv_indices, k_cache.size(0));
+  }
+  if (d.num_tokens == 0) return;
+  TORCH_CHECK(d.num_tokens <= INT32_MAX / 1024, "tree_verify_attention: too many query rows (", d.num_tokens, ")");
+
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{q, "q"}, {k_cache, "k_cache"},
+                                {v_cache, "v_cache"}, {out, "out"}})
+    check_16_byte_rows(t, name);
+  if (k_draft.has_value()) {
+    check_16_byte_rows(*k_draft, "k_draft");
+    check_16_byte_rows(*v_draft, "v_draft");
+  }
+
+  cuda::TreeVerifyParams p{};
+  p.q = q.data_ptr();
+  p.q_row_stride = q.stride(0);
+  p.q_head_stride = q.stride(1);
+  p.k_cache = k_cache.data_ptr();
+  p.k_row_stride = k_cache.stride(0);
+  p.k_head_stride = k_cache.stride(1);
+  p.v_cache = v_cache.data_ptr();
+  p.v_row_stride = v_cache.stride(0);
+  p.v_head_stride = v_cache.stride(1);
+  if (k_draft.has_value()) {
+    p.k_draft = k_draft->data_ptr();
+    p.kd_row_stride = k_draft->stride(0);
+    p.kd_head_stride = k_draft->stride(1);
+    p.v_draft = v_draft->data_ptr();
+    p.vd_row_stride = v_draft->stride(0);
+    p.vd_head_stride = v_draft->stride(1);
+  }
+  p.out = out.data_ptr();
+  p.qo_indptr = qo_indptr.data_ptr<int32_t>();
+  p.kv_indptr = kv_indptr.data_ptr<int32_t>();
+  p.kv_indices = kv_indices.data_ptr();
+  p.kv_indices_int64 = kv_indices.scalar_type() == at::kLong;
+  p.tree_mask = reinterpret_cast<const uint32_t*>(tree_mask.data_ptr<int32_t>());
+  p.mask_row_stride = tree_mask.stride(0);
+  p.mask_words = static_cast<int>(std::min<int64_t>(d.mask_words, 32));  // 1024 tokens at most
+  p.num_tokens = static_cast<int>(d.num_tokens);
+  p.num_q_heads = static_cast<int>(d.num_q_heads);
+  p.num_kv_heads = static_cast<int>(d.num_kv_heads);
+  p.group = static_cast<int>(d.num_q_heads / d.num_kv_heads);
+  p.batch = static_cast<int>(d.batch);
+  p.sm_scale = static_cast<float>(sm_scale);
+  p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
+  p.logit_cap = static_cast<float>(logit_cap);
+  p.cache_v_aliases_k = is_prefix_view(v_cache, k_cache);
+  p.draft_v_aliases_k = k_draft.has_value() && is_prefix_view(*v_draft, *k_draft);
+
+  const int64_t dqk = d.head_dim_qk, dv = d.head_dim_v;
+  if (dqk == 64 && dv == 64) cuda::tree_verify_hd64(p, q);
+  else if (dqk == 128 && dv == 128) cuda::tree_verify_hd128(p, q);
+  else if (dqk == 256 && dv == 256) cuda::tree_verify_hd256(p, q);
+  else if (dqk == 576 && dv == 512 && d.num_kv_heads == 1) cuda::tree_verify_mla(p, q);
+  else
+    TORCH_CHECK(false, "tree_verify_attention: on CUDA, head dims (Dqk, Dv) must be (64, 64), (128, 128), "
+                "(256, 256), or (576, 512) with one KV head (MLA); got (", dqk, ", ", dv, ") with ",
+                d.num_kv_heads, " KV heads");
+}
+
+at::Tensor tree_verify_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                 const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+                                 const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
+                                 double logit_cap, const std::optional<at::Tensor>& k_draft,
+                                 const std::optional<at::Tensor>& v_draft) {
+  const TreeVerifyDims d = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask,
+                                                  k_draft, v_draft, nullptr);
+  at::Tensor out = new_attention_output(q, d);
+  tree_verify_attention_cuda(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap,
+                             k_draft, v_draft, out, d);
+  return out;
+}
+
+void tree_verify_attention_out(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                               const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
+                               const at::Tensor& tree_mask, double sm_scale, double logit_cap,
+                               const std::optional<at::Tensor>& k_draft, const std::optional<at::Tensor>& v_draft,
+                               at::Tensor out) {
+  const TreeVerifyDims d = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask,
+                                                  k_draft, v_draft, &out);
+  tree_verify_attention_cuda(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap,
+                             k_draft, v_draft, out, d);
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(kdtree, CUDA, m) {
+  m.impl("tree_verify_attention", &tree_verify_attention);
+  m.impl("tree_verify_attention_out", &tree_verify_attention_out);
+}
+
+}  // namespace kdtree

@@ -1,0 +1,59 @@
+// Launch of one tree-verify kernel configuration: grid from the device, workspace from the shapes.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+
+#include "tile_configs.h"
+
+namespace kdtree::cuda {
+
+// Per (device, stream) buffer of `count` int32 counters, zero between launches (each launch leaves it zero).
+int* row_tile_counters(int64_t count, const at::Tensor& like);
+
+template <class C>
+void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
+  auto* kernel = tree_verify_attention_kernel<C>;
+  const size_t smem = C::smem_bytes(p.batch);
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
+  TORCH_CHECK(smem <= prop->sharedMemPerBlockOptin, "tree_verify_attention: a batch of ", p.batch,
+              " requests needs ", smem, " bytes of shared memory with head dims ", C::kDqk, "/", C::kDv,
+              "; this GPU allows ", prop->sharedMemPerBlockOptin, " per block");
+  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  int blocks_per_sm = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, C::kThreads, smem));
+  TORCH_CHECK(blocks_per_sm > 0, "tree_verify_attention: the kernel for head dims ", C::kDqk, "/", C::kDv,
+              " does not fit on this GPU");
+  // A persistent grid: its size depends on the device only, never on the lengths of a batch.
+  const int grid = prop->multiProcessorCount * blocks_per_sm;
+
+  const int64_t slots = static_cast<int64_t>(grid) * 2;  // each CTA leaves at most two partial pieces
+  at::Tensor workspace = at::empty({slots * C::kBlockM * (C::kDv + 1)}, q.options().dtype(at::kFloat));
+  p.partial_out = workspace.data_ptr<float>();
+  p.partial_lse = p.partial_out + slots * C::kBlockM * C::kDv;
+  // Row tiles: sum over requests of Hkv * ceil(T_b * G / BLOCK_M) <= Hkv * (ceil(N * G / BLOCK_M) + B).
+  const int64_t row_tiles =
+      static_cast<int64_t>(p.num_kv_heads) *
+      ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM + p.batch);
+  p.row_tile_counters = row_tile_counters(row_tiles, q);
+  p.min_units_per_cta = kMinUnitsPerCta;
+
+  kernel<<<grid, C::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(p);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// bf16 or fp16 instance of a head-dim family.
+template <template <typename> class Config>
+void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q) {
+  if (q.scalar_type() == at::kBFloat16) launch_tree_verify<Config<__nv_bfloat16>>(p, q);
+  else launch_tree_verify<Config<__half>>(p, q);
+}
+
+// One per translation unit (tree_verify_<family>.cu), so the families compile in parallel.
+void tree_verify_hd64(const TreeVerifyParams& p, const at::Tensor& q);
+void tree_verify_hd128(const TreeVerifyParams& p, const at::Tensor& q);
+void tree_verify_hd256(const TreeVerifyParams& p, const at::Tensor& q);
+void tree_verify_mla(const TreeVerifyParams& p, const at::Tensor& q);
+
+}  // namespace kdtree::cuda
