@@ -22,7 +22,6 @@ namespace {
 
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = 32 * kWarpsPerBlock;
-constexpr int64_t kMaxTreeTokens = 1024;
 
 // Request that owns query row `row`, or -1 when the row is past qo_indptr[B] (graph padding).
 // qo_indptr is non-decreasing, so the last b with qo_indptr[b] <= row also has row < qo_indptr[b+1].
@@ -116,45 +115,50 @@ bool value_checks_wanted() {
   return debug_checks_enabled() && at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None;
 }
 
-void check_qo_indptr_values(const char* op, const at::Tensor& qo_cpu, int64_t num_rows, int64_t words) {
+// Shape/dtype checks, worded as the CPU implementations word them (csrc/cpu/tree_mask.cpp).
+void check_index_vector(const at::Tensor& t, const char* op, const char* name, bool allow_int64) {
+  TORCH_CHECK(t.dim() == 1, op, ": ", name, " must be 1-D, got shape ", t.sizes());
+  TORCH_CHECK(t.scalar_type() == at::kInt || (allow_int64 && t.scalar_type() == at::kLong), op, ": ", name,
+              allow_int64 ? " must be int32 or int64" : " must be int32", ", got ", t.scalar_type());
+}
+
+// Value checks of qo_indptr (debug mode only: reading device values is a host sync).
+void check_qo_indptr_values(const char* op, const at::Tensor& qo_cpu, int64_t rows, const char* rows_name,
+                            int64_t words) {
+  TORCH_CHECK(qo_cpu.size(0) >= 1, op, ": qo_indptr must be [B+1] with at least one entry, got ", qo_cpu.sizes());
   const int32_t* qo = qo_cpu.data_ptr<int32_t>();
   const int64_t batch = qo_cpu.size(0) - 1;
   TORCH_CHECK(qo[0] == 0, op, ": qo_indptr[0] must be 0, got ", qo[0]);
-  TORCH_CHECK(qo[batch] <= num_rows, op, ": qo_indptr[B] = ", qo[batch], " exceeds the ", num_rows, " rows");
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t tree = qo[b + 1] - qo[b];
-    TORCH_CHECK(tree >= 0, op, ": qo_indptr must be non-decreasing (request ", b, ")");
-    TORCH_CHECK(tree <= kMaxTreeTokens, op, ": request ", b, " has ", tree,
-                " draft tokens; trees of up to 1024 tokens are supported");
+    TORCH_CHECK(tree >= 0, op, ": qo_indptr must be non-decreasing, got qo_indptr[", b, "] = ", qo[b],
+                " > qo_indptr[", b + 1, "] = ", qo[b + 1]);
     TORCH_CHECK(tree <= 32 * words, op, ": request ", b, " has ", tree, " draft tokens but words = ", words,
-                " holds only ", 32 * words, " bits per row");
+                " gives only ", 32 * words, " bits per row");
   }
+  TORCH_CHECK(qo[batch] <= rows, op, ": qo_indptr[B] = ", qo[batch], " exceeds ", rows_name, " = ", rows);
 }
 
-void check_qo_indptr(const char* op, const at::Tensor& qo_indptr, const at::Device& device) {
-  TORCH_CHECK(qo_indptr.dim() == 1 && qo_indptr.size(0) >= 1, op, ": qo_indptr must be 1-D [B+1], got ",
-              qo_indptr.sizes());
-  TORCH_CHECK(qo_indptr.scalar_type() == at::kInt, op, ": qo_indptr must be int32, got ", qo_indptr.scalar_type());
-  TORCH_CHECK(qo_indptr.device() == device, op, ": qo_indptr must be on ", device, ", got ", qo_indptr.device());
-  TORCH_CHECK(qo_indptr.is_contiguous(), op, ": qo_indptr must be contiguous");
-}
-
-at::Tensor tree_mask_from_parents_cuda(const at::Tensor& parents,    // [N] int32
-                                       const at::Tensor& qo_indptr,  // [B+1] int32
+at::Tensor tree_mask_from_parents_cuda(const at::Tensor& parents_in,    // [N] int32
+                                       const at::Tensor& qo_indptr_in,  // [B+1] int32
                                        int64_t words) {
   constexpr const char* op = "tree_mask_from_parents";
-  TORCH_CHECK(parents.dim() == 1, op, ": parents must be 1-D [N], got ", parents.sizes());
-  TORCH_CHECK(parents.scalar_type() == at::kInt, op, ": parents must be int32, got ", parents.scalar_type());
-  TORCH_CHECK(parents.is_contiguous(), op, ": parents must be contiguous");
-  check_qo_indptr(op, qo_indptr, parents.device());
+  check_index_vector(parents_in, op, "parents", /*allow_int64=*/false);
+  check_index_vector(qo_indptr_in, op, "qo_indptr", /*allow_int64=*/false);
+  TORCH_CHECK(qo_indptr_in.size(0) >= 1, op, ": qo_indptr must be [B+1] with at least one entry, got ",
+              qo_indptr_in.sizes());
+  TORCH_CHECK(qo_indptr_in.device() == parents_in.device(), op, ": qo_indptr must be on the device of parents (",
+              parents_in.device(), "), got ", qo_indptr_in.device());
   TORCH_CHECK(words >= 0, op, ": words must be >= 0, got ", words);
+  const c10::cuda::CUDAGuard guard(parents_in.device());
+  const at::Tensor parents = parents_in.contiguous();  // no-ops for the usual inputs; a copy is graph-safe
+  const at::Tensor qo_indptr = qo_indptr_in.contiguous();
   const int64_t num_rows = parents.size(0);
   const int64_t batch = qo_indptr.size(0) - 1;
 
-  const c10::cuda::CUDAGuard guard(parents.device());
   if (value_checks_wanted()) {
     const at::Tensor qo = qo_indptr.cpu();
-    check_qo_indptr_values(op, qo, num_rows, words);
+    check_qo_indptr_values(op, qo, num_rows, "the N rows of parents", words);
     const at::Tensor par = parents.cpu();
     const int32_t* p = par.data_ptr<int32_t>();
     const int32_t* q = qo.data_ptr<int32_t>();
@@ -162,7 +166,8 @@ at::Tensor tree_mask_from_parents_cuda(const at::Tensor& parents,    // [N] int3
       for (int64_t j = 0; j < q[b + 1] - q[b]; ++j) {
         const int32_t parent = p[q[b] + j];
         TORCH_CHECK(parent >= -1 && parent < j, op, ": parents[", q[b] + j, "] = ", parent, " (token ", j,
-                    " of request ", b, ") must be -1 or the index of an earlier token of its request");
+                    " of request ", b, ") must be -1 (root) or the index of an earlier token of its request (0..",
+                    j - 1, ")");
       }
     }
   }
@@ -188,47 +193,48 @@ void check_dense_values(const at::Tensor& mask_indptr_any, const at::Tensor& qo_
     const int64_t tree = q[b + 1] - q[b];
     TORCH_CHECK(l[b] >= 0, "tree_mask_from_dense: prefix_lens[", b, "] = ", l[b], " must be >= 0");
     const int64_t end = static_cast<int64_t>(m[b]) + tree * (static_cast<int64_t>(l[b]) + tree);
-    TORCH_CHECK(m[b] >= 0 && end <= dense_len, "tree_mask_from_dense: request ", b, "'s mask [",
-                m[b], ", ", end, ") is outside custom_mask's ", dense_len, " elements");
+    TORCH_CHECK(m[b] >= 0 && end <= dense_len, "tree_mask_from_dense: request ", b, "'s mask [", m[b], ", ", end,
+                ") lies outside custom_mask's ", dense_len, " elements");
   }
 }
 
-at::Tensor tree_mask_from_dense_cuda(const at::Tensor& custom_mask,  // [*] uint8 | bool, flat FULL_MASK
-                                     const at::Tensor& mask_indptr,  // [>= B] int32 | int64
-                                     const at::Tensor& qo_indptr,    // [B+1] int32
-                                     const at::Tensor& prefix_lens,  // [B] int32 | int64
+at::Tensor tree_mask_from_dense_cuda(const at::Tensor& custom_mask_in,  // [*] uint8 | bool, flat FULL_MASK
+                                     const at::Tensor& mask_indptr_in,  // [>= B] int32 | int64
+                                     const at::Tensor& qo_indptr_in,    // [B+1] int32
+                                     const at::Tensor& prefix_lens_in,  // [>= B] int32 | int64
                                      int64_t num_tokens, int64_t words) {
   constexpr const char* op = "tree_mask_from_dense";
-  const auto device = qo_indptr.device();
-  check_qo_indptr(op, qo_indptr, device);
-  const int64_t batch = qo_indptr.size(0) - 1;
-  TORCH_CHECK(custom_mask.scalar_type() == at::kByte || custom_mask.scalar_type() == at::kBool, op,
-              ": custom_mask must be uint8 or bool, got ", custom_mask.scalar_type());
-  TORCH_CHECK(custom_mask.is_contiguous(), op, ": custom_mask must be contiguous (a flat FULL_MASK buffer)");
-  TORCH_CHECK(mask_indptr.dim() == 1 && mask_indptr.size(0) >= batch &&
-                  (mask_indptr.scalar_type() == at::kInt || mask_indptr.scalar_type() == at::kLong),
-              op, ": mask_indptr must be 1-D int32 or int64 with >= B = ", batch, " entries, got ",
-              mask_indptr.scalar_type(), " ", mask_indptr.sizes());
-  TORCH_CHECK(prefix_lens.dim() == 1 && prefix_lens.size(0) >= batch &&
-                  (prefix_lens.scalar_type() == at::kInt || prefix_lens.scalar_type() == at::kLong),
-              op, ": prefix_lens must be 1-D int32 or int64 [B] = [", batch, "], got ", prefix_lens.scalar_type(),
-              " ", prefix_lens.sizes());
-  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{custom_mask, "custom_mask"},
-                                {mask_indptr, "mask_indptr"}, {prefix_lens, "prefix_lens"}}) {
-    TORCH_CHECK(t.device() == device, op, ": ", name, " must be on the device of qo_indptr (", device, "), got ",
-                t.device());
+  TORCH_CHECK(custom_mask_in.dim() == 1, op, ": custom_mask must be 1-D (flat), got shape ", custom_mask_in.sizes());
+  TORCH_CHECK(custom_mask_in.scalar_type() == at::kByte || custom_mask_in.scalar_type() == at::kBool, op,
+              ": custom_mask must be uint8 or bool, got ", custom_mask_in.scalar_type());
+  check_index_vector(mask_indptr_in, op, "mask_indptr", /*allow_int64=*/true);
+  check_index_vector(prefix_lens_in, op, "prefix_lens", /*allow_int64=*/true);
+  check_index_vector(qo_indptr_in, op, "qo_indptr", /*allow_int64=*/false);
+  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{mask_indptr_in, "mask_indptr"},
+                                {qo_indptr_in, "qo_indptr"}, {prefix_lens_in, "prefix_lens"}}) {
+    TORCH_CHECK(t.device() == custom_mask_in.device(), op, ": ", name, " must be on the device of custom_mask (",
+                custom_mask_in.device(), "), got ", t.device());
   }
-  TORCH_CHECK(mask_indptr.is_contiguous() && prefix_lens.is_contiguous(), op,
-              ": mask_indptr and prefix_lens must be contiguous");
-  TORCH_CHECK(num_tokens >= 0 && words >= 0, op, ": num_tokens and words must be >= 0, got ", num_tokens, " and ",
-              words);
+  TORCH_CHECK(num_tokens >= 0, op, ": num_tokens must be >= 0, got ", num_tokens);
+  TORCH_CHECK(words >= 0, op, ": words must be >= 0, got ", words);
+  TORCH_CHECK(qo_indptr_in.size(0) >= 1, op, ": qo_indptr must be [B+1] with at least one entry, got ",
+              qo_indptr_in.sizes());
+  const int64_t batch = qo_indptr_in.size(0) - 1;
+  TORCH_CHECK(mask_indptr_in.size(0) >= batch, op, ": mask_indptr must have at least B = ", batch,
+              " entries, got ", mask_indptr_in.sizes());
+  TORCH_CHECK(prefix_lens_in.size(0) >= batch, op, ": prefix_lens must have at least B = ", batch,
+              " entries, got ", prefix_lens_in.sizes());
 
-  const c10::cuda::CUDAGuard guard(device);
+  const c10::cuda::CUDAGuard guard(custom_mask_in.device());
+  const at::Tensor custom_mask = custom_mask_in.contiguous();
+  const at::Tensor mask_indptr = mask_indptr_in.contiguous();
+  const at::Tensor qo_indptr = qo_indptr_in.contiguous();
+  const at::Tensor prefix_lens = prefix_lens_in.contiguous();
   const bool checks = value_checks_wanted();
   at::Tensor qo_cpu;
   if (checks) {
     qo_cpu = qo_indptr.cpu();
-    check_qo_indptr_values(op, qo_cpu, num_tokens, words);
+    check_qo_indptr_values(op, qo_cpu, num_tokens, "num_tokens", words);
   }
 
   at::Tensor mask = at::empty({num_tokens, words}, qo_indptr.options().dtype(at::kInt));

@@ -42,9 +42,10 @@ struct TreeVerifyConfig {
   static constexpr int kVBytes = kBlockN * kDv * 2;
   static constexpr int kPBytes = kWarpsN > 1 ? kBlockM * kPStride * 2 : 0;
   static constexpr int kRedBytes = kWarpsN * kBlockM * 4;
-  static constexpr int kFixedSmem = kQBytes + kStages * (kKBytes + kVBytes) + kPBytes + kRedBytes + 16;
-  // Plus the schedule: (B+1) unit starts (int64) and (B+1) row-tile starts (int32).
-  static size_t smem_bytes(int batch) { return kFixedSmem + (batch + 1) * 12 + 8; }
+  static constexpr int kSrcBytes = kStages * kBlockN * 8;
+  static constexpr int kFixedSmem = kQBytes + kStages * (kKBytes + kVBytes) + kPBytes + kRedBytes + kSrcBytes + 16;
+  // Plus the schedule: (B+1) piece starts and (B+1) row-tile starts (int64).
+  static size_t smem_bytes(int batch) { return kFixedSmem + (batch + 1) * 16; }
 };
 
 template <class C>
@@ -60,6 +61,7 @@ struct TreeVerifyCta {
   T* sV;
   T* sP;
   float* sRed;
+  int64_t* sSrc;  // [STAGES][BLOCK_N] key sources (key_source)
   int* sFlag;
   const int tid = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
@@ -70,6 +72,7 @@ struct TreeVerifyCta {
     sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKBytes);
     sP = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
     sRed = reinterpret_cast<float*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes) + C::kPBytes);
+    sSrc = reinterpret_cast<int64_t*>(smem + C::kFixedSmem - 16 - C::kSrcBytes);
     sFlag = reinterpret_cast<int*>(smem + C::kFixedSmem - 16);
   }
 
@@ -81,8 +84,10 @@ struct TreeVerifyCta {
   // Q rows of the tile: row r is token (m0 + r) / G, query head h * G + (m0 + r) % G.
   __device__ void load_q(const RequestInfo& r, int h, int m0) {
     const T* q = static_cast<const T*>(p.q);
-    for (int i = tid; i < C::kBlockM * C::kChunksQK; i += C::kThreads) {
-      const int row = i / C::kChunksQK, chunk = i % C::kChunksQK;
+    static_assert(C::kBlockM * C::kChunksQK % C::kThreads == 0, "threads tile the Q tile");
+#pragma unroll
+    for (int k = 0; k < C::kBlockM * C::kChunksQK / C::kThreads; ++k) {
+      const int i = tid + k * C::kThreads, row = i / C::kChunksQK, chunk = i % C::kChunksQK;
       const int packed = m0 + row;
       const bool valid = packed < r.tree_len * p.group;
       const int token = valid ? packed / p.group : 0, head = h * p.group + (valid ? packed % p.group : 0);
@@ -91,37 +96,42 @@ struct TreeVerifyCta {
     }
   }
 
-  // KV tile `kt` into `stage`. Key j < L_b (or every key, with draft K/V in the cache) comes from the cache
-  // slot kv_indices[kv_start + j]; with k_draft/v_draft, draft key j - L_b is row qo_start + j - L_b there.
-  __device__ void load_kv(const RequestInfo& r, int h, int kt, int stage, bool v_from_k) {
-    const T* kc = static_cast<const T*>(p.k_cache);
-    const T* vc = static_cast<const T*>(p.v_cache);
-    T* dk = sK + stage * (C::kBlockN * C::kDqk);
-    T* dv = sV + stage * (C::kBlockN * C::kDv);
-    const int k0 = kt * C::kBlockN;
-    constexpr int kChunks = C::kChunksQK + C::kChunksV;
-    for (int i = tid; i < C::kBlockN * kChunks; i += C::kThreads) {
-      const int row = i / kChunks, c = i % kChunks;
-      const bool is_v = c >= C::kChunksQK;
-      if (is_v && v_from_k) continue;
-      const int chunk = is_v ? c - C::kChunksQK : c;
-      const int j = k0 + row;
-      const bool valid = j < r.kv_len;
-      const T* src = kc;
-      if (valid) {
-        if (p.k_draft == nullptr || j < r.prefix_len) {
-          const int64_t s = slot(r.kv_start + j);
-          src = is_v ? vc + s * p.v_row_stride + h * p.v_head_stride
-                     : kc + s * p.k_row_stride + h * p.k_head_stride;
-        } else {
-          const int64_t d = r.qo_start + j - r.prefix_len;
-          src = is_v ? static_cast<const T*>(p.v_draft) + d * p.vd_row_stride + h * p.vd_head_stride
-                     : static_cast<const T*>(p.k_draft) + d * p.kd_row_stride + h * p.kd_head_stride;
-        }
-        src += chunk * 8;
-      }
-      if (is_v) cp_async_16(dv + swizzle(row, chunk, C::kChunksV) * 8, src, valid);
-      else cp_async_16(dk + swizzle(row, chunk, C::kChunksQK) * 8, src, valid);
+  // Where key j of the request comes from: a cache slot (>= 0), draft row d of k_draft/v_draft (-2 - d), or
+  // nowhere (-1: past the keys, zero-filled). Key j < L_b (or every key, with draft K/V in the cache) is
+  // cache slot kv_indices[kv_start + j]; with k_draft/v_draft, draft key j - L_b is row qo_start + j - L_b.
+  __device__ int64_t key_source(const RequestInfo& r, int j) const {
+    if (j >= r.kv_len) return -1;
+    if (p.k_draft == nullptr || j < r.prefix_len) return slot(r.kv_start + j);
+    return -2 - static_cast<int64_t>(r.qo_start + j - r.prefix_len);
+  }
+
+  // KV tile into `stage`, from the key sources staged in sSrc[stage] (one global index read per key, done
+  // an iteration ahead so its latency hides behind the tensor cores). Fixed trip counts: fully unrolled.
+  __device__ void load_kv(int h, int stage, bool v_from_k) {
+    const int64_t* src_of_row = sSrc + stage * C::kBlockN;
+    load_rows<C::kChunksQK>(src_of_row, static_cast<const T*>(p.k_cache), p.k_row_stride, p.k_head_stride,
+                            static_cast<const T*>(p.k_draft), p.kd_row_stride, p.kd_head_stride, h,
+                            sK + stage * (C::kBlockN * C::kDqk));
+    if (!v_from_k)
+      load_rows<C::kChunksV>(src_of_row, static_cast<const T*>(p.v_cache), p.v_row_stride, p.v_head_stride,
+                             static_cast<const T*>(p.v_draft), p.vd_row_stride, p.vd_head_stride, h,
+                             sV + stage * (C::kBlockN * C::kDv));
+  }
+
+  template <int kChunks>
+  __device__ __forceinline__ void load_rows(const int64_t* src_of_row, const T* cache, int64_t row_stride,
+                                            int64_t head_stride, const T* draft, int64_t draft_row_stride,
+                                            int64_t draft_head_stride, int h, T* dst) {
+    static_assert(C::kBlockN * kChunks % C::kThreads == 0, "threads tile the KV tile");
+    // Unrolled for the GQA head dims; MLA's 72-chunk rows would hold too many pointers in registers.
+    constexpr int kUnroll = kChunks > 32 ? 1 : C::kBlockN * kChunks / C::kThreads;
+#pragma unroll kUnroll
+    for (int k = 0; k < C::kBlockN * kChunks / C::kThreads; ++k) {
+      const int i = tid + k * C::kThreads, row = i / kChunks, chunk = i % kChunks;
+      const int64_t source = src_of_row[row];
+      const T* src = source >= 0 ? cache + source * row_stride + h * head_stride
+                                 : draft + (-2 - source) * draft_row_stride + h * draft_head_stride;
+      cp_async_16(dst + swizzle(row, chunk, kChunks) * 8, source != -1 ? src + chunk * 8 : cache, source != -1);
     }
   }
 
@@ -132,8 +142,10 @@ struct TreeVerifyCta {
     return !reaches_draft || p.k_draft == nullptr || p.draft_v_aliases_k;
   }
 
-  __device__ void run_segment(const RequestInfo& r, int h, int mt, int kt0, int kt1, bool complete, int which,
-                              int row_tile, int pieces, long long units_per_cta, long long rt_start_unit) {
+  // Row tile (head h, m tile mt) over KV tiles [kt0, kt1): piece `piece` of the `pieces` (from first_piece on)
+  // that cover the row tile's keys. A whole row tile is written out; a part leaves a partial in slot `piece`.
+  __device__ void run_segment(const RequestInfo& r, int h, int mt, int kt0, int kt1, int row_tile,
+                              long long first_piece, int pieces, long long piece) {
     const int m0 = mt * C::kBlockM;
     float o[MI][NO][4];
     float m_run[MI][2], l_run[MI][2];
@@ -157,10 +169,16 @@ struct TreeVerifyCta {
       }
 
     __syncthreads();  // the previous segment is done with shared memory
+    // Key sources of the first STAGES tiles; later ones are fetched one iteration ahead.
+    for (int i = tid; i < C::kStages * C::kBlockN; i += C::kThreads) {
+      const int kt = kt0 + i / C::kBlockN;
+      sSrc[i] = kt < kt1 ? key_source(r, kt * C::kBlockN + i % C::kBlockN) : -1;
+    }
+    __syncthreads();
     load_q(r, h, m0);
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
-      if (kt0 + s < kt1) load_kv(r, h, kt0 + s, s, v_from_k(r, kt0 + s));
+      if (kt0 + s < kt1) load_kv(h, s, v_from_k(r, kt0 + s));
       cp_async_commit();
     }
 
@@ -170,10 +188,16 @@ struct TreeVerifyCta {
       __syncthreads();  // tile kt landed for everyone; everyone is done with tile kt - 1
       {
         const int next = kt + C::kStages - 1;
-        if (next < kt1) load_kv(r, h, next, (next - kt0) % C::kStages, v_from_k(r, next));
+        if (next < kt1) load_kv(h, (next - kt0) % C::kStages, v_from_k(r, next));
         cp_async_commit();
       }
+      // The sources of tile kt + STAGES go where tile kt's were (its loads are issued); stored after the
+      // compute, so the global read is in flight meanwhile.
+      const int ahead = kt + C::kStages;
+      int64_t ahead_source = -1;
+      if (tid < C::kBlockN && ahead < kt1) ahead_source = key_source(r, ahead * C::kBlockN + tid);
       compute_tile(r, kt, stage, o, m_run, l_run, mask_row);
+      if (tid < C::kBlockN) sSrc[stage * C::kBlockN + tid] = ahead_source;
     }
     cp_async_wait<0>();
 
@@ -206,10 +230,10 @@ struct TreeVerifyCta {
         }
     }
 
-    if (complete) {
+    if (pieces == 1) {
       store_output(r, h, m0, o, l_run);
     } else {
-      store_partial(r, m0, o, m_run, l_run, blockIdx.x * 2 + which);
+      store_partial(r, m0, o, m_run, l_run, piece);
       __threadfence();
       __syncthreads();
       if (tid == 0) {
@@ -221,7 +245,7 @@ struct TreeVerifyCta {
       __syncthreads();
       if (*sFlag) {
         __threadfence();
-        combine(r, h, m0, pieces, units_per_cta, rt_start_unit);
+        combine(r, h, m0, first_piece, pieces);
       }
     }
   }
@@ -280,7 +304,37 @@ struct TreeVerifyCta {
       }
     }
 
-    // Scores into the log2 domain, masked, and the tile's row maxima.
+    // Scores into the log2 domain (uniform branches: each variant is one tight loop), then the mask.
+    if (p.logit_cap > 0.f) {
+      const float inner = p.sm_scale / p.logit_cap, outer = p.logit_cap * 1.4426950408889634f;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][n][e] = outer * tanhf(s[mi][n][e] * inner);
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][n][e] *= p.scale_log2;
+    }
+    if (masked) {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // Bit n * 8 + e of `mine` is this thread's column wn * KEYS + n * 8 + 2 * (lane % 4) + e.
+          const uint64_t mine = warp_sees ? vis[mi][half] >> (wn * C::kKeysPerWarp + 2 * (lane & 3)) : 0ull;
+#pragma unroll
+          for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (!((mine >> (n * 8 + e)) & 1ull)) s[mi][n][2 * half + e] = -INFINITY;
+        }
+    }
     float tile_max[MI][2];
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -288,17 +342,7 @@ struct TreeVerifyCta {
       for (int half = 0; half < 2; ++half) {
         float mx = -INFINITY;
 #pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            float x = s[mi][n][2 * half + e];
-            x = p.logit_cap > 0.f ? p.logit_cap * tanhf(x * p.sm_scale / p.logit_cap) * 1.4426950408889634f
-                                  : x * p.scale_log2;
-            const int col = wn * C::kKeysPerWarp + n * 8 + 2 * (lane & 3) + e;
-            if (!warp_sees || (masked && !((vis[mi][half] >> col) & 1ull))) x = -INFINITY;
-            s[mi][n][2 * half + e] = x;
-            mx = fmaxf(mx, x);
-          }
+        for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[mi][n][2 * half], s[mi][n][2 * half + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
         tile_max[mi][half] = mx;
@@ -422,7 +466,7 @@ struct TreeVerifyCta {
   }
 
   __device__ void store_partial(const RequestInfo& r, int m0, const float (&o)[MI][NO][4],
-                                const float (&m_run)[MI][2], const float (&l_run)[MI][2], int slot) {
+                                const float (&m_run)[MI][2], const float (&l_run)[MI][2], long long slot) {
     float* po = p.partial_out + static_cast<int64_t>(slot) * C::kBlockM * C::kDv;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
@@ -442,37 +486,66 @@ struct TreeVerifyCta {
       }
   }
 
-  // Merge the pieces of a split row tile: CTAs c0..c1 each left one, in slot 2c (their first segment) or
-  // 2c + 1 (their last segment: only c0 can hold this row tile in a later segment).
-  __device__ void combine(const RequestInfo& r, int h, int m0, int pieces, long long units_per_cta,
-                          long long rt_start_unit) {
-    const int c0 = static_cast<int>(rt_start_unit / units_per_cta);
-    const int first_slot = 2 * c0 + (static_cast<long long>(c0) * units_per_cta < rt_start_unit ? 1 : 0);
+  // Merge the pieces of a split row tile (slots first_piece .. first_piece + pieces - 1). The merge is
+  // latency-bound, so the per-(piece, row) weights are staged in the idle K/V buffers first and every thread
+  // then keeps all its 16-byte partial loads of a piece in flight at once.
+  __device__ void combine(const RequestInfo& r, int h, int m0, long long first_piece, int pieces) {
+    auto slot_of = [&](int k) { return first_piece + k; };
+    constexpr int kColVecs = C::kDv / 4;
+    constexpr int kPerThread = C::kBlockM * kColVecs / C::kThreads;  // float4 outputs per thread
+    static_assert(C::kBlockM * kColVecs % C::kThreads == 0, "threads tile the output");
+    constexpr int kMaxPieces = C::kStages * (C::kKBytes + C::kVBytes) / (4 * C::kBlockM);
+    float* weight = reinterpret_cast<float*>(sK);  // [pieces of this round][BLOCK_M]
+    float* row_max = sRed;                         // [BLOCK_M] max log-sum-exp over the pieces
+
+    __syncthreads();
+    for (int row = tid; row < C::kBlockM; row += C::kThreads) {
+      float mx = -INFINITY;
+      for (int k = 0; k < pieces; ++k) mx = fmaxf(mx, __ldcg(p.partial_lse + slot_of(k) * C::kBlockM + row));
+      row_max[row] = mx;
+    }
+    // Outputs in groups of at most 16 float4 per thread, to bound the registers this tail needs.
+    constexpr int kGroup = kPerThread < 16 ? kPerThread : 16;
+    static_assert(kPerThread % kGroup == 0, "whole groups");
     T* out = static_cast<T*>(p.out);
-    for (int i = tid; i < C::kBlockM * (C::kDv / 2); i += C::kThreads) {
-      const int row = i / (C::kDv / 2), col = (i % (C::kDv / 2)) * 2;
-      const int packed = m0 + row;
-      if (packed >= r.tree_len * p.group) continue;
-      float lse_max = -INFINITY;
-      for (int k = 0; k < pieces; ++k) {
-        const int slot = k == 0 ? first_slot : 2 * (c0 + k);
-        lse_max = fmaxf(lse_max, __ldcg(p.partial_lse + slot * C::kBlockM + row));
-      }
-      float acc0 = 0.f, acc1 = 0.f, weight = 0.f;
-      if (lse_max != -INFINITY) {
-        for (int k = 0; k < pieces; ++k) {
-          const int slot = k == 0 ? first_slot : 2 * (c0 + k);
-          // __ldcg: other CTAs wrote these; read them from L2, never from a stale L1 line.
-          const float w = exp2f(__ldcg(p.partial_lse + slot * C::kBlockM + row) - lse_max);
-          const float2 v = __ldcg(reinterpret_cast<const float2*>(
-              p.partial_out + (static_cast<int64_t>(slot) * C::kBlockM + row) * C::kDv + col));
-          acc0 += w * v.x, acc1 += w * v.y, weight += w;
+    for (int g = 0; g < kPerThread; g += kGroup) {
+      float4 acc[kGroup];
+      float weight_sum[kGroup];
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f), weight_sum[i] = 0.f;
+      for (int k0 = 0; k0 < pieces; k0 += kMaxPieces) {
+        const int round = min(kMaxPieces, pieces - k0);
+        __syncthreads();  // row_max is written / the previous round's weights are consumed
+        for (int i = tid; i < round * C::kBlockM; i += C::kThreads) {
+          const int row = i % C::kBlockM;
+          const float lse = __ldcg(p.partial_lse + slot_of(k0 + i / C::kBlockM) * C::kBlockM + row);
+          weight[i] = lse == -INFINITY ? 0.f : exp2f(lse - row_max[row]);
+        }
+        __syncthreads();
+        for (int k = 0; k < round; ++k) {
+          const float4* src = reinterpret_cast<const float4*>(
+              p.partial_out + static_cast<int64_t>(slot_of(k0 + k)) * C::kBlockM * C::kDv);
+#pragma unroll
+          for (int i = 0; i < kGroup; ++i) {
+            const int item = tid + (g + i) * C::kThreads;
+            const float w = weight[k * C::kBlockM + item / kColVecs];
+            const float4 v = __ldcg(src + item);  // written by other CTAs: read from L2, never a stale L1 line
+            acc[i].x += w * v.x, acc[i].y += w * v.y, acc[i].z += w * v.z, acc[i].w += w * v.w;
+            weight_sum[i] += w;
+          }
         }
       }
-      const float inv = weight > 0.f ? 1.f / weight : 0.f;
-      T* dst = out + (static_cast<int64_t>(r.qo_start + packed / p.group) * p.num_q_heads + h * p.group +
-                      packed % p.group) * C::kDv;
-      *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(acc0 * inv, acc1 * inv);
+#pragma unroll
+      for (int i = 0; i < kGroup; ++i) {
+        const int item = tid + (g + i) * C::kThreads, row = item / kColVecs, col = (item % kColVecs) * 4;
+        const int packed = m0 + row;
+        if (packed >= r.tree_len * p.group) continue;
+        const float inv = weight_sum[i] > 0.f ? 1.f / weight_sum[i] : 0.f;  // nothing visible: zeros
+        T* dst = out + (static_cast<int64_t>(r.qo_start + packed / p.group) * p.num_q_heads + h * p.group +
+                        packed % p.group) * C::kDv + col;
+        *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[i].x * inv, acc[i].y * inv),
+                                                    pack2<T>(acc[i].z * inv, acc[i].w * inv));
+      }
     }
   }
 };
@@ -492,33 +565,28 @@ template <class C>
 __global__ void __launch_bounds__(C::kThreads, 1) tree_verify_attention_kernel(const __grid_constant__ TreeVerifyParams p) {
   extern __shared__ __align__(128) char smem[];
   zero_padding_rows<typename C::T>(p, C::kDv);
-  long long* unit_start = reinterpret_cast<long long*>(smem + C::kFixedSmem);
-  int* tile_start = reinterpret_cast<int*>(unit_start + p.batch + 1);
-  build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(p, unit_start, tile_start);
+  long long* piece_start = reinterpret_cast<long long*>(smem + C::kFixedSmem);
+  const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(p, piece_start, piece_start + p.batch + 1);
 
-  const long long total = unit_start[p.batch];
-  const long long per_cta = max((total + gridDim.x - 1) / gridDim.x, static_cast<long long>(p.min_units_per_cta));
-  long long u = blockIdx.x * per_cta;
-  const long long u_end = min(u + per_cta, total);
-  if (u >= u_end) return;
+  const long long pieces_total = sched.piece_start[p.batch];
+  const long long per_cta = (pieces_total + gridDim.x - 1) / gridDim.x;
+  long long q = blockIdx.x * per_cta;
+  const long long q_end = min(q + per_cta, pieces_total);
+  if (q >= q_end) return;
 
   TreeVerifyCta<C> cta(p, smem);
-  int b = find_request(unit_start, p.batch, u);
-  int segment = 0;
-  while (u < u_end) {
+  int b = find_request(sched.piece_start, p.batch, q);
+  for (; q < q_end; ++q) {
+    while (sched.piece_start[b + 1] <= q) ++b;
     const RequestInfo r = request_info<C::kBlockM, C::kBlockN>(p, b);
-    const long long local = u - unit_start[b];
-    const int rt = static_cast<int>(local / r.n_tiles);  // row tile within the request: (head, m tile)
-    const int kt0 = static_cast<int>(local % r.n_tiles);
-    const int kt1 = static_cast<int>(min(static_cast<long long>(r.n_tiles), kt0 + (u_end - u)));
-    const long long rt_start = unit_start[b] + static_cast<long long>(rt) * r.n_tiles;
-    const long long rt_end = rt_start + r.n_tiles;
-    const int pieces = static_cast<int>((rt_end - 1) / per_cta - rt_start / per_cta + 1);
-    cta.run_segment(r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, pieces == 1, segment == 0 ? 0 : 1,
-                    tile_start[b] + rt, pieces, per_cta, rt_start);
-    u += kt1 - kt0;
-    ++segment;
-    while (b < p.batch && unit_start[b + 1] <= u) ++b;
+    const int splits = splits_of(r, sched.units, gridDim.x, p.min_units_per_cta);  // pieces per row tile
+    const int chunk = (r.n_tiles + splits - 1) / splits;
+    const long long local = q - sched.piece_start[b];
+    const int rt = static_cast<int>(local / splits);  // row tile within the request: (head, m tile)
+    const int split = static_cast<int>(local % splits);
+    const int kt0 = split * chunk, kt1 = min(r.n_tiles, kt0 + chunk);
+    cta.run_segment(r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt),
+                    q - split, splits, q);
   }
 }
 

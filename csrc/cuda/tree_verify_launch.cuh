@@ -28,14 +28,15 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   // A persistent grid: its size depends on the device only, never on the lengths of a batch.
   const int grid = prop->multiProcessorCount * blocks_per_sm;
 
-  const int64_t slots = static_cast<int64_t>(grid) * 2;  // each CTA leaves at most two partial pieces
-  at::Tensor workspace = at::empty({slots * C::kBlockM * (C::kDv + 1)}, q.options().dtype(at::kFloat));
-  p.partial_out = workspace.data_ptr<float>();
-  p.partial_lse = p.partial_out + slots * C::kBlockM * C::kDv;
   // Row tiles: sum over requests of Hkv * ceil(T_b * G / BLOCK_M) <= Hkv * (ceil(N * G / BLOCK_M) + B).
   const int64_t row_tiles =
       static_cast<int64_t>(p.num_kv_heads) *
       ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM + p.batch);
+  // Pieces: sum over row tiles of ceil(n_tiles / chunk) <= units / chunk + row tiles <= grid + row tiles.
+  const int64_t slots = grid + row_tiles;
+  at::Tensor workspace = at::empty({slots * C::kBlockM * (C::kDv + 1)}, q.options().dtype(at::kFloat));
+  p.partial_out = workspace.data_ptr<float>();
+  p.partial_lse = p.partial_out + slots * C::kBlockM * C::kDv;
   p.row_tile_counters = row_tile_counters(row_tiles, q);
   p.min_units_per_cta = kMinUnitsPerCta;
 

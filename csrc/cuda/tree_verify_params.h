@@ -44,10 +44,10 @@ struct TreeVerifyParams {
   bool draft_v_aliases_k;
 
   // Split-KV workspace (device-side work split, fused combine).
-  float* partial_out;      // [grid * 2, BLOCK_M, Dv]: normalized partial outputs of split row tiles
-  float* partial_lse;      // [grid * 2, BLOCK_M]: their log2-sum-exp
+  float* partial_out;      // [pieces bound, BLOCK_M, Dv]: normalized partial outputs of split row tiles
+  float* partial_lse;      // [pieces bound, BLOCK_M]: their log2-sum-exp
   int* row_tile_counters;  // [>= row tile bound], zero between launches (the last CTA of a tile resets it)
-  int min_units_per_cta;   // a CTA takes at least this many KV tiles (bounds split overhead)
+  int min_units_per_cta;   // a piece has at least this many KV tiles (bounds split overhead)
 };
 
 }  // namespace kdtree::cuda

@@ -1,8 +1,9 @@
-// Device-side work split. Work is counted in units of (row tile, KV tile): a row tile is BLOCK_M packed
-// query rows (draft tokens x the query heads of one KV head) of one request; a KV tile is BLOCK_N keys.
-// Every CTA scans the indptr arrays, derives the same prefix sums, and takes an equal, contiguous range
-// of units: long prefixes split across CTAs, short ones share a CTA. The grid is a function of the device
-// only, so one captured launch balances whatever lengths a replay brings.
+// Device-side work split. A row tile is BLOCK_M packed query rows (draft tokens x the query heads of one
+// KV head) of one request; its keys are cut into equal pieces at the same offsets for every row tile of the
+// request, so the CTAs that run the row tiles of one KV head read each KV tile at about the same time and
+// all but the first find it in L2. Every CTA scans the indptr arrays, derives the same prefix sums and the
+// same pieces, and takes an equal share of them. The grid is a function of the device only, so one
+// captured launch balances whatever lengths a replay brings.
 #pragma once
 
 #include "tree_verify_params.h"
@@ -37,55 +38,72 @@ __device__ __forceinline__ RequestInfo request_info(const TreeVerifyParams& p, i
   return r;
 }
 
-// Fills unit_start[0..B] (exclusive prefix sums of Hkv * m_tiles * n_tiles) and tile_start[0..B]
-// (of Hkv * m_tiles) in shared memory. All threads of the block call it.
-template <int kThreads, int kBlockM, int kBlockN>
-__device__ void build_schedule(const TreeVerifyParams& p, long long* unit_start, int* tile_start) {
+// Block-wide exclusive scan of f(b) over requests into out[0..B] (out[B] = total). All threads call it.
+template <int kThreads, typename F>
+__device__ long long scan_requests(int batch, long long* out, F f) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block of whole warps");
-  __shared__ long long warp_units[kThreads / 32];
-  __shared__ int warp_tiles[kThreads / 32];
+  __shared__ long long warp_sums[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  long long carry_units = 0;
-  int carry_tiles = 0;
-  for (int base = 0; base < p.batch; base += kThreads) {
+  long long carry = 0;
+  for (int base = 0; base < batch; base += kThreads) {
     const int b = base + threadIdx.x;
-    long long units = 0;
-    int tiles = 0;
-    if (b < p.batch) {
-      const RequestInfo r = request_info<kBlockM, kBlockN>(p, b);
-      tiles = p.num_kv_heads * r.m_tiles;
-      units = static_cast<long long>(tiles) * r.n_tiles;
-    }
-    long long u = units;  // inclusive warp scan
-    int t = tiles;
+    const long long own = b < batch ? f(b) : 0;
+    long long v = own;  // inclusive warp scan
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
-      const long long uo = __shfl_up_sync(0xffffffffu, u, off);
-      const int to = __shfl_up_sync(0xffffffffu, t, off);
-      if (lane >= off) u += uo, t += to;
+      const long long o = __shfl_up_sync(0xffffffffu, v, off);
+      if (lane >= off) v += o;
     }
-    if (lane == 31) warp_units[warp] = u, warp_tiles[warp] = t;
+    if (lane == 31) warp_sums[warp] = v;
     __syncthreads();
-    long long before_units = carry_units;
-    int before_tiles = carry_tiles;
-    for (int w = 0; w < warp; ++w) before_units += warp_units[w], before_tiles += warp_tiles[w];
-    if (b < p.batch) {
-      unit_start[b] = before_units + u - units;
-      tile_start[b] = before_tiles + t - tiles;
-    }
-    for (int w = 0; w < kThreads / 32; ++w) carry_units += warp_units[w], carry_tiles += warp_tiles[w];
+    long long before = carry;
+    for (int w = 0; w < warp; ++w) before += warp_sums[w];
+    if (b < batch) out[b] = before + v - own;
+    for (int w = 0; w < kThreads / 32; ++w) carry += warp_sums[w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) unit_start[p.batch] = carry_units, tile_start[p.batch] = carry_tiles;
+  if (threadIdx.x == 0) out[batch] = carry;
   __syncthreads();
+  return carry;
 }
 
-// Last b with unit_start[b] <= u (a request with work when u < unit_start[B]).
-__device__ __forceinline__ int find_request(const long long* unit_start, int batch, long long u) {
-  int lo = 0, hi = batch;  // invariant: unit_start[lo] <= u < unit_start[hi]
+struct Schedule {
+  long long* piece_start;  // [B+1] first piece of each request (shared memory)
+  long long* tile_start;   // [B+1] first row tile of each request (shared memory)
+  long long units;         // (row tile, KV tile) pairs of the whole batch
+};
+
+// Pieces per row tile of a request: its share of the grid, floor(n_tiles * grid / units), so that the pieces
+// of all row tiles number at most about one per CTA; at least 1, and none shorter than min_units_per_cta
+// KV tiles (a split costs a partial write and a merge).
+__device__ __forceinline__ int splits_of(const RequestInfo& r, long long units, int grid, int min_units) {
+  const long long share = units > 0 ? static_cast<long long>(r.n_tiles) * grid / units : 1;
+  const int most = max(1, r.n_tiles / max(min_units, 1));
+  return static_cast<int>(min(max(share, 1ll), static_cast<long long>(most)));
+}
+
+template <int kThreads, int kBlockM, int kBlockN>
+__device__ Schedule build_schedule(const TreeVerifyParams& p, long long* piece_start, long long* tile_start) {
+  scan_requests<kThreads>(p.batch, tile_start, [&](int b) {
+    return static_cast<long long>(p.num_kv_heads) * request_info<kBlockM, kBlockN>(p, b).m_tiles;
+  });
+  const long long units = scan_requests<kThreads>(p.batch, piece_start, [&](int b) {
+    const RequestInfo r = request_info<kBlockM, kBlockN>(p, b);
+    return static_cast<long long>(p.num_kv_heads) * r.m_tiles * r.n_tiles;
+  });
+  scan_requests<kThreads>(p.batch, piece_start, [&](int b) {
+    const RequestInfo r = request_info<kBlockM, kBlockN>(p, b);
+    return static_cast<long long>(p.num_kv_heads) * r.m_tiles * splits_of(r, units, gridDim.x, p.min_units_per_cta);
+  });
+  return {piece_start, tile_start, units};
+}
+
+// Last b with start[b] <= u (a request with work when u < start[B]).
+__device__ __forceinline__ int find_request(const long long* start, int batch, long long u) {
+  int lo = 0, hi = batch;  // invariant: start[lo] <= u < start[hi]
   while (hi - lo > 1) {
     const int mid = (lo + hi) >> 1;
-    if (unit_start[mid] <= u) lo = mid; else hi = mid;
+    if (start[mid] <= u) lo = mid; else hi = mid;
   }
   return lo;
 }

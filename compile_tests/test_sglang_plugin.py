@@ -1,0 +1,338 @@
+"""The SGLang plugin against the real sglang 0.5.23, on the CPU.
+
+Needs the package installed (`pip install -e .`: the entry point lives in its metadata). Set
+SGLANG_CACHE_DIR (e.g. a temporary folder): importing sglang redirects caches there.
+
+What is checked: the entry point is declared and loads `register`; in a freshly *spawned* process
+`load_plugins()` registers `kdtree` (CLI choice, backend factory, DFLASH policy hook) without importing the
+backend or the ops and without touching TritonAttnBackend; `launch_server --help` lists it; ServerArgs parsing
+accepts it for --attention-backend and the prefill/decode variants; SGLANG_PLUGINS filters it; a failing
+registration says so on stderr; the backend's module and its packed-mask metadata (CPU ops) behave.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import textwrap
+from importlib import metadata
+
+import pytest
+
+pytest.importorskip("sglang", reason="sglang==0.5.23 is not installed")
+
+ENTRY_POINT_GROUP = "sglang.srt.plugins"
+SUBPROCESS_TIMEOUT_S = 600
+
+
+def _child_env(**extra: str) -> dict:
+    env = dict(os.environ)
+    env.setdefault("SGLANG_CACHE_DIR", os.environ.get("SGLANG_CACHE_DIR") or "/tmp/kdtree_sglang_cache")
+    env.pop("SGLANG_PLUGINS", None)
+    env.update(extra)
+    return env
+
+
+def _run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          env=_child_env(**env), timeout=SUBPROCESS_TIMEOUT_S)
+
+
+# ---- entry point ---------------------------------------------------------------------------------------
+
+
+def test_entry_point_is_declared_and_loads_register():
+    eps = [ep for ep in metadata.entry_points(group=ENTRY_POINT_GROUP) if ep.name == "kdtree"]
+    assert eps, f"no 'kdtree' entry point in group {ENTRY_POINT_GROUP!r}: is the package installed (pip install -e .)?"
+    assert eps[0].value == "kdtree_ops.sglang.plugin:register"
+    from kdtree_ops.sglang import plugin
+
+    assert eps[0].load() is plugin.register
+
+
+# ---- a freshly spawned process ---------------------------------------------------------------------------
+
+
+def _spawned_load_plugins(queue) -> None:
+    """Runs in a spawned interpreter: what SGLang's scheduler/TP processes do at start."""
+    try:
+        import inspect
+
+        from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+        before = {name: member for name, member in vars(TritonAttnBackend).items()}
+        from sglang.srt.plugins import load_plugins
+
+        load_plugins()
+        from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
+        from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+        from sglang.srt.speculative import dflash_utils
+
+        after = {name: member for name, member in vars(TritonAttnBackend).items()}
+        changed = sorted(n for n in set(before) | set(after) if before.get(n) is not after.get(n))
+        named = {name: type(name, (), {})() for name in ("KDTreeAttnBackend", "TritonAttnBackend", "OtherBackend")}
+        factory = ATTENTION_BACKENDS.get("kdtree")
+        queue.put({
+            "registered": factory is not None,
+            "factory": f"{factory.__module__}.{factory.__qualname__}" if factory else None,
+            "choice": ATTENTION_BACKEND_CHOICES.count("kdtree"),
+            "triton_changed": changed,
+            "hooked": hasattr(dflash_utils.resolve_dflash_verify_mask_policy, "__wrapped__"),
+            "policy": {n: list(dflash_utils.resolve_dflash_verify_mask_policy(o)) for n, o in named.items()},
+            "lazy": {m: m in sys.modules for m in ("kdtree_ops.sglang.backend", "kdtree_ops.ops")},
+            "register_src": inspect.getsourcefile(factory) if factory else None,
+        })
+    except BaseException as exc:  # report, never hang the parent
+        queue.put({"error": f"{type(exc).__name__}: {exc}"})
+
+
+def test_spawned_process_load_plugins_registers_kdtree():
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    os.environ.setdefault("SGLANG_CACHE_DIR", _child_env()["SGLANG_CACHE_DIR"])
+    saved = os.environ.pop("SGLANG_PLUGINS", None)
+    try:
+        proc = ctx.Process(target=_spawned_load_plugins, args=(queue,))
+        proc.start()
+        result = queue.get(timeout=SUBPROCESS_TIMEOUT_S)
+        proc.join(timeout=60)
+    finally:
+        if saved is not None:
+            os.environ["SGLANG_PLUGINS"] = saved
+    assert "error" not in result, result.get("error")
+    assert result["registered"] and result["factory"] == "kdtree_ops.sglang.plugin.create_kdtree_backend"
+    assert result["choice"] == 1
+    assert result["triton_changed"] == [], "load_plugins() must leave TritonAttnBackend's members untouched"
+    # DFLASH picks its verify mask policy by class name: the subclass gets the parent's (no custom mask).
+    assert result["hooked"]
+    assert result["policy"]["KDTreeAttnBackend"] == ["KDTreeAttnBackend", False]
+    assert result["policy"]["TritonAttnBackend"] == ["TritonAttnBackend", False]
+    assert result["policy"]["OtherBackend"] == ["OtherBackend", True]
+    # register() is cheap: neither the backend module nor the ops library is loaded by it.
+    assert result["lazy"] == {"kdtree_ops.sglang.backend": False, "kdtree_ops.ops": False}
+
+
+def test_launch_server_help_lists_kdtree():
+    proc = subprocess.run([sys.executable, "-m", "sglang.launch_server", "--help"], capture_output=True,
+                          text=True, env=_child_env(), timeout=SUBPROCESS_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    help_text = " ".join(proc.stdout.split())  # argparse wraps the choice lists
+    assert "--attention-backend" in help_text
+    assert "kdtree" in help_text, "launch_server --help does not list the kdtree backend"
+
+
+def test_failing_registration_is_visible():
+    # Simulates a broken SGLang registry in a child process (the package itself patches nothing).
+    proc = _run_python(
+        """
+        import sglang.srt.layers.attention.attention_registry as registry
+        def broken(name):
+            raise RuntimeError("registry unavailable (simulated)")
+        registry.register_attention_backend = broken
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
+        print("STATE", "kdtree" in registry.ATTENTION_BACKENDS, "kdtree" in ATTENTION_BACKEND_CHOICES)
+        """,
+        SGLANG_PLUGINS="kdtree",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if "kdtree_ops: FAILED to register" in line]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "registry unavailable (simulated)" in lines[0]
+    assert "STATE False False" in proc.stdout  # rolled back: no CLI choice without its factory
+
+
+def test_register_logs_one_line_on_success():
+    proc = _run_python(
+        """
+        import logging, sys
+        logging.basicConfig(level=logging.INFO, stream=sys.stderr)
+        from kdtree_ops.sglang import plugin
+        plugin.register(); plugin.register()
+        """
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.count("kdtree_ops: registered SGLang attention backend 'kdtree'") == 1, proc.stderr[-3000:]
+
+
+# ---- in this process ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def registered():
+    from kdtree_ops.sglang import plugin
+
+    plugin.register()
+    return plugin
+
+
+def test_register_is_idempotent(registered):
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    registered.register()
+    registered.register()
+    assert ATTENTION_BACKEND_CHOICES.count("kdtree") == 1
+    assert ATTENTION_BACKENDS["kdtree"] is registered.create_kdtree_backend
+    ours = [h for _, h, _ in HookRegistry._hooks[registered.DFLASH_POLICY_TARGET]
+            if h is registered.dflash_verify_mask_policy_hook]
+    assert len(ours) == 1
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--attention-backend", "kdtree"],
+        ["--prefill-attention-backend", "kdtree"],
+        ["--decode-attention-backend", "kdtree"],
+        ["--attention-backend", "kdtree", "--prefill-attention-backend", "kdtree",
+         "--decode-attention-backend", "triton", "--speculative-draft-attention-backend", "triton"],
+    ],
+    ids=["attention", "prefill", "decode", "mixed"],
+)
+def test_server_args_accept_kdtree(registered, argv):
+    from sglang.srt.server_args import prepare_server_args
+
+    args = prepare_server_args(["--model-path", "dummy/model", *argv])
+    given = dict(zip(argv[::2], argv[1::2]))
+    for flag, value in given.items():
+        assert getattr(args, flag.lstrip("-").replace("-", "_")) == value
+
+
+def test_sglang_plugins_allow_list(monkeypatch):
+    from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+
+    monkeypatch.setenv("SGLANG_PLUGINS", "kdtree")
+    allowed = load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    assert "kdtree" in allowed and set(allowed) == {"kdtree"}
+    monkeypatch.setenv("SGLANG_PLUGINS", "some-other-plugin")
+    assert "kdtree" not in load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+    monkeypatch.delenv("SGLANG_PLUGINS")
+    assert "kdtree" in load_plugins_by_group(GENERAL_PLUGINS_GROUP)
+
+
+def test_dflash_policy_hook_only_touches_kdtree():
+    from kdtree_ops.sglang.plugin import dflash_verify_mask_policy_hook
+
+    assert dflash_verify_mask_policy_hook(("KDTreeAttnBackend", True), object()) == ("KDTreeAttnBackend", False)
+    assert dflash_verify_mask_policy_hook(("FlashInferAttnBackend", False), object()) is None
+    assert dflash_verify_mask_policy_hook(("TorchNativeAttnBackend", True), object()) is None
+
+
+# ---- the backend module on the CPU ---------------------------------------------------------------------------
+
+
+def test_backend_overrides_only_the_verify_path():
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    from kdtree_ops.sglang.backend import KDTreeAttnBackend
+
+    assert issubclass(KDTreeAttnBackend, TritonAttnBackend)
+    overridden = {name for name in vars(KDTreeAttnBackend) if callable(getattr(TritonAttnBackend, name, None))
+                  and not name.startswith("__") or name == "__init__"}
+    # 0.5.23's graph contract (no legacy *_capture_cuda_graph / *_replay_cuda_graph methods any more).
+    assert overridden == {"__init__", "init_forward_metadata", "init_cuda_graph_state",
+                          "init_forward_metadata_out_graph", "init_forward_metadata_in_graph", "forward_extend"}
+    assert not hasattr(TritonAttnBackend, "init_forward_metadata_capture_cuda_graph")
+    for inherited in ("forward_decode", "get_cuda_graph_seq_len_fill_value", "verify_mask",
+                      "update_verify_buffers_to_fill_after_draft"):
+        assert inherited not in vars(KDTreeAttnBackend)
+
+
+@pytest.mark.parametrize("value, mode", [(None, "on"), ("on", "on"), ("OFF", "off"), ("validate", "validate"),
+                                         ("", "on")])
+def test_verify_mode_from_env(monkeypatch, value, mode):
+    from kdtree_ops.sglang.backend import verify_mode_from_env
+
+    if value is None:
+        monkeypatch.delenv("KDTREE_VERIFY", raising=False)
+    else:
+        monkeypatch.setenv("KDTREE_VERIFY", value)
+    assert verify_mode_from_env() == mode
+
+
+def test_verify_mode_rejects_unknown(monkeypatch):
+    from kdtree_ops.sglang.backend import verify_mode_from_env
+
+    monkeypatch.setenv("KDTREE_VERIFY", "fast")
+    with pytest.raises(ValueError, match="KDTREE_VERIFY must be one of off|validate|on"):
+        verify_mode_from_env()
+
+
+# ---- packed-mask metadata on the CPU ops --------------------------------------------------------------------
+
+
+def _full_mask_batch(trees, prefix_lens):
+    """SGLang's FULL_MASK of a batch of trees (flat bool), its mask_indptr and qo_indptr."""
+    import torch
+
+    from kdtree_ops.trees import ancestor_matrix
+
+    flats, sizes = [], []
+    for parents, prefix in zip(trees, prefix_lens):
+        t = len(parents)
+        rows = torch.zeros(t, prefix + t, dtype=torch.bool)
+        rows[:, :prefix] = True
+        rows[:, prefix:] = ancestor_matrix(parents)
+        flats.append(rows.flatten())
+        sizes.append(rows.numel())
+    mask_indptr = torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0)
+    qo_indptr = torch.tensor([0, *[len(p) for p in trees]], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    return torch.cat(flats), mask_indptr, qo_indptr
+
+
+@pytest.mark.parametrize("tree_tokens", [1, 7, 32, 33, 70])
+def test_packed_tree_mask_from_sglang_layouts(tree_tokens):
+    import torch
+
+    from kdtree_ops.sglang.verify_metadata import GraphTreeMask, mask_words, packed_tree_mask
+    from kdtree_ops.trees import ancestor_mask, random_tree
+
+    gen = torch.Generator().manual_seed(tree_tokens)
+    prefix_lens = [0, 5, 19]
+    trees = [random_tree(tree_tokens, generator=gen) for _ in prefix_lens]
+    custom_mask, mask_indptr, qo_indptr = _full_mask_batch(trees, prefix_lens)
+    words = mask_words(tree_tokens)
+    n = len(prefix_lens) * tree_tokens
+    prefix = torch.tensor(prefix_lens, dtype=torch.int32)
+    expect_tree = torch.cat([ancestor_mask(p, words) for p in trees])
+    expect_chain = ancestor_mask(list(range(-1, tree_tokens - 1)), words).repeat(len(prefix_lens), 1)
+
+    assert torch.equal(packed_tree_mask(custom_mask, mask_indptr, qo_indptr, prefix, n, words), expect_tree)
+    assert torch.equal(packed_tree_mask(None, mask_indptr, qo_indptr, prefix, n, words), expect_chain)
+
+    # The graph buffers: bigger than the batch (a capture bucket), fed from SGLang's static uint8 buffer and
+    # int64 qo_indptr; the device flag picks the tree or the chain; rows past the batch are zero.
+    graph = GraphTreeMask(max_bs=8, max_num_tokens=n + 3 * tree_tokens, words=words, device="cpu")
+    verify_buffer = torch.zeros(custom_mask.numel() + 4096, dtype=torch.uint8)
+    verify_buffer[: custom_mask.numel()] = custom_mask.to(torch.uint8)
+    for has_dense, expect in ((True, expect_tree), (False, expect_chain), (True, expect_tree)):
+        graph.packed.fill_(-1)
+        graph.select_source(has_dense)
+        graph.refresh(verify_buffer, qo_indptr.to(torch.int64), mask_indptr, prefix, len(prefix_lens))
+        assert torch.equal(graph.packed[:n], expect)
+        assert not graph.packed[n:].any()
+    graph.refresh(None, qo_indptr.to(torch.int64), mask_indptr, prefix, len(prefix_lens))
+    assert torch.equal(graph.packed[:n], expect_chain)
+
+
+def test_divergence_stats_layout_matches_validate_summary():
+    """validate mode reads stats[3] = (max |out - ref| over finite out, non-finite count, calls)."""
+    import torch
+
+    from kdtree_ops import ops
+
+    stats = torch.zeros(3, dtype=torch.float32)
+    ref = torch.zeros(4, 8)
+    out = ref.clone()
+    out[0, 0] = 0.25
+    out[1, 1] = float("nan")
+    ops.record_divergence(out, ref, stats)
+    ops.record_divergence(ref, ref, stats)
+    max_abs, non_finite, calls = stats.tolist()
+    assert max_abs == pytest.approx(0.25) and non_finite == 1 and calls == 2

@@ -1,0 +1,141 @@
+"""The benchmark's outputs: a Markdown table, a JSON record and a bar plot.
+
+Table columns per workload: floor (µs, and which ceiling binds), each implementation's median µs, kdtree's
+speedup over each baseline, and kdtree's % of floor (= floor / time · 100: 100 % would be the roofline).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+import torch
+
+__all__ = ["environment", "markdown_table", "write_report"]
+
+
+def _commit() -> str:
+    if os.environ.get("KDTREE_OPS_COMMIT"):
+        return os.environ["KDTREE_OPS_COMMIT"]
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment() -> dict:
+    """Device, software versions, commit and date of this run."""
+    env = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "python": platform.python_version(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(torch.cuda.current_device())
+        env.update(device=props.name, capability=f"{props.major}.{props.minor}", sms=props.multi_processor_count,
+                   l2_bytes=props.L2_cache_size)
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:
+        pass
+    try:
+        from importlib.metadata import version
+
+        env["sglang"] = version("sglang")
+    except Exception:
+        pass
+    return env
+
+
+def _fmt_us(x) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
+
+
+def markdown_table(results: dict) -> str:
+    impls = results["implementations"]
+    baselines = [i for i in impls if i != "kdtree"]
+    head = ["workload", "shape", "floor µs", *[f"{i} µs" for i in impls],
+            *[f"× vs {b}" for b in baselines], "% of floor"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for w in results["workloads"]:
+        times = {i: (w["impls"].get(i) or {}).get("median_us") for i in impls}
+        flags = {i: "" if (w["impls"].get(i) or {}).get("correct", True) else " ✗" for i in impls}
+        row = [w["name"], w["shape"], f"{_fmt_us(w['floor']['floor_us'])} ({w['floor']['bound'][:3]})"]
+        row += ["error" if "error" in (w["impls"].get(i) or {}) else _fmt_us(times[i]) + flags[i] for i in impls]
+        k = times.get("kdtree")
+        row += [f"{times[b] / k:.1f}" if k and times[b] else "—" for b in baselines]
+        row.append(f"{100 * w['floor']['floor_us'] / k:.0f} %" if k else "—")
+        lines.append("| " + " | ".join(row) + " |")
+    env, ceil = results["environment"], results["ceilings"]
+    lines += [
+        "",
+        f"{env.get('device', '?')}, torch {env['torch']}, commit {env['commit'][:12]}, {env['date']}. "
+        f"Ceilings measured in this run: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), "
+        f"bf16 matmul {ceil['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s. Times: median µs of CUDA-graph replays; "
+        "✗ = failed the correctness check against the float64 reference.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _plot(results: dict, path: Path) -> str:
+    """Bar plot, log-scale µs per workload per implementation (+ floor); returns what drew it."""
+    names = [w["name"] for w in results["workloads"]]
+    series = {"floor": [w["floor"]["floor_us"] for w in results["workloads"]]}
+    for impl in results["implementations"]:
+        series[impl] = [(w["impls"].get(impl) or {}).get("median_us") for w in results["workloads"]]
+    env = results["environment"]
+    title = f"tree verify attention, bf16: {env.get('device', '?')}, commit {env['commit'][:10]}"
+    ylabel = "us per call (median of CUDA-graph replays)"
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:  # the GPU machine has none: the standard-library renderer
+        from .png import bar_chart_png
+
+        path.write_bytes(bar_chart_png(names, series, title, "us (log)"))
+        return "kdtree_ops.bench.png (matplotlib not importable)"
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.5))
+    width = 0.8 / len(series)
+    for i, (label, values) in enumerate(series.items()):
+        xs = [j + (i - (len(series) - 1) / 2) * width for j in range(len(names))]
+        ax.bar(xs, [v if v else float("nan") for v in values], width, label=label)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+    return "matplotlib"
+
+
+def write_report(results: dict, out_dir: str | os.PathLike) -> dict:
+    """Writes bench.md, bench.json and bench.png into out_dir; returns {name: path} of what was written."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    (out / "bench.md").write_text(markdown_table(results))
+    written["markdown"] = str(out / "bench.md")
+    try:
+        results["plot_renderer"] = _plot(results, out / "bench.png")
+        written["plot"] = str(out / "bench.png")
+    except Exception as e:  # a plot must not cost the table and the JSON
+        results.setdefault("notes", []).append(f"no plot: {type(e).__name__}: {e}")
+    (out / "bench.json").write_text(json.dumps(results, indent=2) + "\n")
+    written["json"] = str(out / "bench.json")
+    return written

@@ -1,0 +1,94 @@
+"""SGLang plugin entry point: registers the `kdtree` attention backend.
+
+SGLang (0.5.23) calls `load_plugins()` in every process that builds a model (engine, schedulers/TP ranks,
+DP controller), which runs `register()` below through the `sglang.srt.plugins` entry point declared in
+pyproject.toml. `register()`:
+
+- adds `kdtree` to the `--attention-backend` / `--prefill-attention-backend` / `--decode-attention-backend`
+  choices (`add_attention_backend_choices`);
+- registers a lazy factory under `kdtree` in SGLang's backend registry (`register_attention_backend`): the
+  backend module, and with it the kdtree ops library, loads only when a model runner builds the backend;
+- registers one HookRegistry AFTER hook on `resolve_dflash_verify_mask_policy`: DFLASH chooses whether
+  to build a custom verify mask by the backend's *class name*, and a name it does not know (ours) gets the
+  dense custom-mask path. KDTreeAttnBackend verifies DFLASH's causal block like its parent TritonAttnBackend,
+  so the hook gives it the parent's policy (no custom mask). SGLang applies the hook itself
+  (`HookRegistry.apply_hooks()` at the end of `load_plugins()`); nothing here patches anything.
+
+It is idempotent and logs one line on success. `load_plugins()` catches and logs a plugin's exception, then
+goes on without the backend; so a failure is also logged here, at ERROR, naming the plugin and the cause
+(ERROR reaches stderr even where logging is not configured), before it is re-raised to SGLang.
+"""
+
+from __future__ import annotations
+
+import logging
+
+logger = logging.getLogger(__name__)
+
+BACKEND_NAME = "kdtree"
+BACKEND_CLASS_NAME = "KDTreeAttnBackend"
+DFLASH_POLICY_TARGET = "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy"
+
+_registered = False
+
+
+def create_kdtree_backend(runner):
+    """SGLang backend factory (`ATTENTION_BACKENDS["kdtree"]`): imports the backend on first use."""
+    assert not runner.model_config.is_encoder_decoder, (
+        "Cross attention is not supported by the kdtree attention backend (a TritonAttnBackend subclass)."
+    )
+    from .backend import KDTreeAttnBackend
+
+    return KDTreeAttnBackend(runner)
+
+
+def dflash_verify_mask_policy_hook(result, *args, **kwargs):
+    """AFTER hook on `resolve_dflash_verify_mask_policy`: KDTreeAttnBackend gets TritonAttnBackend's policy.
+
+    The original returns `(backend_class_name, build_custom_mask)`; SGLang lists TritonAttnBackend among the
+    backends that verify DFLASH's block through their causal path (`build_custom_mask=False`). The
+    subclass does the same (its verify kernel treats a missing custom mask as the causal chain).
+    """
+    name, _build_custom_mask = result
+    if name == BACKEND_CLASS_NAME:
+        return name, False
+    return None  # unchanged
+
+
+def register() -> None:
+    """Entry point `kdtree = "kdtree_ops.sglang.plugin:register"`: cheap, idempotent, loud on failure."""
+    global _registered
+    if _registered:
+        return
+    added_choice = added_factory = False
+    try:
+        from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+        from sglang.srt.layers.attention.attention_registry import (
+            ATTENTION_BACKENDS,
+            register_attention_backend,
+        )
+        from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+        if ATTENTION_BACKENDS.get(BACKEND_NAME) is not create_kdtree_backend:
+            register_attention_backend(BACKEND_NAME)(create_kdtree_backend)
+            added_factory = True
+        if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+            add_attention_backend_choices([BACKEND_NAME])
+            added_choice = True
+        HookRegistry.register(DFLASH_POLICY_TARGET, dflash_verify_mask_policy_hook, HookType.AFTER)
+    except Exception as exc:
+        # All or nothing: a CLI choice without its factory would fail later, far from the cause.
+        if added_choice:
+            ATTENTION_BACKEND_CHOICES.remove(BACKEND_NAME)
+        if added_factory:
+            ATTENTION_BACKENDS.pop(BACKEND_NAME, None)
+        logger.error(
+            "kdtree_ops: FAILED to register the SGLang attention backend %r (%s: %s); "
+            "--attention-backend %s will not be available",
+            BACKEND_NAME, type(exc).__name__, exc, BACKEND_NAME,
+        )
+        raise
+    _registered = True
+    logger.info(
+        "kdtree_ops: registered SGLang attention backend %r (KDTREE_VERIFY modes: off|validate|on)", BACKEND_NAME
+    )
