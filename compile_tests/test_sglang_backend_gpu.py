@@ -178,9 +178,12 @@ class Step:
         retrieve = torch.arange(self.t, dtype=torch.long, device=DEVICE).repeat(self.bs, 1)
         nxt = torch.full_like(retrieve, -1)
         if self.spec_kind == "ngram":
+            # Without a mask, 0.5.23's NgramVerifyInput takes its device from new_seq_lens (the V2 worker's).
+            new_seq_lens = torch.tensor([p + self.t for p in self.prefix_lens], dtype=torch.int64, device=DEVICE)
             return NgramVerifyInput(draft_token=draft, custom_mask=mask, positions=self.positions,
                                     retrieve_index=retrieve, retrieve_next_token=nxt,
-                                    retrieve_next_sibling=nxt.clone(), draft_token_num=self.t)
+                                    retrieve_next_sibling=nxt.clone(), draft_token_num=self.t,
+                                    new_seq_lens=new_seq_lens)
         return EagleVerifyInput(
             draft_token=draft, custom_mask=mask, positions=self.positions, retrieve_index=retrieve,
             retrieve_next_token=nxt, retrieve_next_sibling=nxt.clone(),

@@ -27,6 +27,7 @@ budget=${KDTREE_SUITE_BUDGET_S:-550}
 start=$(date +%s)
 export KDTREE_OPS_CACHE_DIR=${KDTREE_OPS_CACHE_DIR:-/tmp/kdtree_ops_cache}
 export PYTHONUNBUFFERED=1
+export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"  # scripts run from examples/ import the checkout
 py=${PYTHON:-python3}
 stages="$out/stages.tsv"
 printf 'stage\tstatus\texit\tseconds\n' > "$stages"

@@ -6,32 +6,8 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <map>
-#include <mutex>
-#include <vector>
-
 #include "tree_verify_args.h"
 #include "tree_verify_launch.cuh"
-
-namespace kdtree::cuda {
-
-int* row_tile_counters(int64_t count, const at::Tensor& like) {
-  // Kept for the life of the process: a captured graph holds the pointer and replays against it.
-  static std::mutex mutex;
-  static std::map<std::pair<int, cudaStream_t>, at::Tensor> buffers;
-  static std::vector<at::Tensor> retired;  // outgrown, but possibly still referenced by a captured graph
-  std::lock_guard<std::mutex> lock(mutex);
-  const auto key = std::make_pair(like.get_device(), at::cuda::getCurrentCUDAStream().stream());
-  auto it = buffers.find(key);
-  if (it == buffers.end() || it->second.numel() < count) {
-    if (it != buffers.end()) retired.push_back(it->second);
-    at::Tensor fresh = at::zeros({std::max<int64_t>(count, 4096)}, like.options().dtype(at::kInt));
-    it = buffers.insert_or_assign(key, fresh).first;
-  }
-  return it->second.data_ptr<int>();
-}
-
-}  // namespace kdtree::cuda
 
 namespace kdtree {
 namespace {

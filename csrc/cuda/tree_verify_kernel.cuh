@@ -239,7 +239,6 @@ struct TreeVerifyCta {
       if (tid == 0) {
         const int done = atomicAdd(p.row_tile_counters + row_tile, 1);
         const bool last = done == pieces - 1;
-        if (last) p.row_tile_counters[row_tile] = 0;  // ready for the next launch
         *sFlag = last;
       }
       __syncthreads();

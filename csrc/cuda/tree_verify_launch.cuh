@@ -9,9 +9,6 @@
 
 namespace kdtree::cuda {
 
-// Per (device, stream) buffer of `count` int32 counters, zero between launches (each launch leaves it zero).
-int* row_tile_counters(int64_t count, const at::Tensor& like);
-
 template <class C>
 void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   auto* kernel = tree_verify_attention_kernel<C>;
@@ -32,15 +29,21 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   const int64_t row_tiles =
       static_cast<int64_t>(p.num_kv_heads) *
       ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM + p.batch);
-  // Pieces: sum over row tiles of ceil(n_tiles / chunk) <= units / chunk + row tiles <= grid + row tiles.
+  // Pieces: sum over row tiles of max(1, floor(n_tiles * grid / units)) <= grid + row tiles.
   const int64_t slots = grid + row_tiles;
-  at::Tensor workspace = at::empty({slots * C::kBlockM * (C::kDv + 1)}, q.options().dtype(at::kFloat));
+  // One allocation per call from the caching allocator (graph-pool aware): partial outputs and their
+  // log-sum-exp, then one arrival counter per row tile. Only the counters need zeros: a memset node, where a
+  // persistent buffer would be an untracked live allocation in a captured graph's pool.
+  const int64_t floats = slots * C::kBlockM * (C::kDv + 1);
+  at::Tensor workspace = at::empty({floats + row_tiles}, q.options().dtype(at::kFloat));
   p.partial_out = workspace.data_ptr<float>();
   p.partial_lse = p.partial_out + slots * C::kBlockM * C::kDv;
-  p.row_tile_counters = row_tile_counters(row_tiles, q);
+  p.row_tile_counters = reinterpret_cast<int*>(p.partial_out + floats);
+  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  C10_CUDA_CHECK(cudaMemsetAsync(p.row_tile_counters, 0, row_tiles * sizeof(int), stream));
   p.min_units_per_cta = kMinUnitsPerCta;
 
-  kernel<<<grid, C::kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(p);
+  kernel<<<grid, C::kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -46,7 +46,7 @@ struct TreeVerifyParams {
   // Split-KV workspace (device-side work split, fused combine).
   float* partial_out;      // [pieces bound, BLOCK_M, Dv]: normalized partial outputs of split row tiles
   float* partial_lse;      // [pieces bound, BLOCK_M]: their log2-sum-exp
-  int* row_tile_counters;  // [>= row tile bound], zero between launches (the last CTA of a tile resets it)
+  int* row_tile_counters;  // [>= row tile bound], zeroed before each launch
   int min_units_per_cta;   // a piece has at least this many KV tiles (bounds split overhead)
 };
 
