@@ -29,7 +29,7 @@ __all__ = [
 
 def mask_words_for(num_tokens: int) -> int:
     """int32 words per mask row that hold `num_tokens` bits (at least 1)."""
-    return max(1, -(-num_tokens // 32))
+    return max(1, -(-int(num_tokens) // 32))
 
 
 def random_tree(

@@ -5,22 +5,15 @@
 
 #include <algorithm>
 
+#include "record_divergence_args.h"
+
 namespace kdtree {
 namespace {
 
 // out, ref: same shape, floating point. stats: [3] float32 = (running max |out - ref| over finite elements of
 // out, count of non-finite elements of out, number of calls).
 void record_divergence_cpu(const at::Tensor& out, const at::Tensor& ref, at::Tensor stats) {
-  constexpr const char* op = "record_divergence";
-  TORCH_CHECK(at::isFloatingType(out.scalar_type()), op, ": out must be floating point, got ", out.scalar_type());
-  TORCH_CHECK(at::isFloatingType(ref.scalar_type()), op, ": ref must be floating point, got ", ref.scalar_type());
-  TORCH_CHECK(out.sizes() == ref.sizes(), op, ": ref must have the shape of out ", out.sizes(), ", got ",
-              ref.sizes());
-  TORCH_CHECK(stats.scalar_type() == at::kFloat && stats.dim() == 1 && stats.size(0) == 3, op,
-              ": stats must be float32 [3], got ", stats.scalar_type(), " ", stats.sizes());
-  TORCH_CHECK(ref.device() == out.device() && stats.device() == out.device(), op,
-              ": ref and stats must be on the device of out (", out.device(), "), got ", ref.device(), " and ",
-              stats.device());
+  check_record_divergence_args(out, ref, stats);
 
   // float64 differences: exact for every input dtype, so the max is the true one.
   double max_diff = 0.0;

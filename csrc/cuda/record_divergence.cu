@@ -12,6 +12,8 @@
 
 #include <algorithm>
 
+#include "record_divergence_args.h"
+
 namespace kdtree {
 namespace {
 
@@ -65,17 +67,9 @@ __global__ void record_divergence_kernel(const OutT* __restrict__ out,  // [nume
 void record_divergence_cuda(const at::Tensor& out,    // [*] floating
                             const at::Tensor& ref,    // [*] floating, shape of out
                             at::Tensor stats) {          // [3] float32, updated in place
-  constexpr const char* op = "record_divergence";
-  TORCH_CHECK(at::isFloatingType(out.scalar_type()), op, ": out must be floating point, got ", out.scalar_type());
-  TORCH_CHECK(at::isFloatingType(ref.scalar_type()), op, ": ref must be floating point, got ", ref.scalar_type());
-  TORCH_CHECK(out.sizes() == ref.sizes(), op, ": ref must have the shape of out ", out.sizes(), ", got ",
-              ref.sizes());
-  TORCH_CHECK(stats.scalar_type() == at::kFloat && stats.dim() == 1 && stats.size(0) == 3, op,
-              ": stats must be float32 [3], got ", stats.scalar_type(), " ", stats.sizes());
-  TORCH_CHECK(stats.is_contiguous(), op, ": stats must be contiguous (it is updated in place on the device)");
-  TORCH_CHECK(ref.device() == out.device() && stats.device() == out.device(), op,
-              ": ref and stats must be on the device of out (", out.device(), "), got ", ref.device(), " and ",
-              stats.device());
+  check_record_divergence_args(out, ref, stats);
+  TORCH_CHECK(stats.is_contiguous(), "record_divergence: stats must be contiguous (it is updated in place on the "
+              "device)");
 
   const c10::cuda::CUDAGuard guard(out.device());
   // Usually no-ops; a strided input gets a copy on the same stream (graph-safe: the caching allocator).

@@ -1,5 +1,19 @@
 // Tile shapes and split heuristics of the tree-verify kernel, one line per head-dim family.
 // TreeVerifyConfig<T, Dqk, Dv, BLOCK_M, BLOCK_N, WARPS_N, M_TILES_PER_WARP, STAGES>.
+//
+// Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md; G1 / G2 / M1 / M2 in us),
+// one change at a time:
+//   first version (a kv_indices read per 16-byte chunk, inline)         136 / 652 / 253 / 1079
+//   key sources staged in shared memory one tile ahead                   125 / 525 / 241 /  915
+//   merge with all loads of a piece in flight; scale/mask/tanh as
+//     uniform-branch loops (the per-element branches had made the hot
+//     loop ~2,000 SASS instructions)                                       56 / 325 / 145 /  752
+//   pieces aligned across the row tiles of a request (ncu on G2 before:
+//     L2 hit rate 4.7 %, every row tile re-read K/V from DRAM) and
+//     sized by each request's share of the grid                           53 / 280 / 134 /  732
+// What bounds it now (ncu, G2): 255 registers per thread leave 2 CTAs = 8 warps per SM, about 0.13 warp
+// instructions issue per scheduler cycle: latency-bound. Next: two m16 tiles per warp (BLOCK_M 128: half the
+// K/V shared-memory reads per FLOP), fewer registers for more warps, and a wgmma path on sm_90a (MLA first).
 #pragma once
 
 #include "tree_verify_kernel.cuh"

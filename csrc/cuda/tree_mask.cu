@@ -3,7 +3,8 @@
 //   tree_mask_from_dense:   bitmask from SGLang's dense FULL_MASK layout.
 // Both are capture-safe: the grid depends on shapes only and every per-request length (qo_indptr,
 // prefix_lens, mask_indptr) is read on the device, so a graph captured at one bucket replays correctly for
-// any batch that fits it. Value checks run only with KDTREE_OPS_DEBUG=1 outside capture (host sync).
+// any batch that fits it. Argument checks are shared with the CPU (csrc/tree_mask_args.h); the value checks
+// run only with KDTREE_OPS_DEBUG=1 outside capture (host sync).
 //
 // One warp per output row: it finds its request by binary search over qo_indptr, so rows of empty
 // requests and padding rows past qo_indptr[B] need no separate pass (they are written as zeros).
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 
+#include "tree_mask_args.h"
 #include "tree_verify_args.h"
 
 namespace kdtree {
@@ -115,62 +117,16 @@ bool value_checks_wanted() {
   return debug_checks_enabled() && at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None;
 }
 
-// Shape/dtype checks, worded as the CPU implementations word them (csrc/cpu/tree_mask.cpp).
-void check_index_vector(const at::Tensor& t, const char* op, const char* name, bool allow_int64) {
-  TORCH_CHECK(t.dim() == 1, op, ": ", name, " must be 1-D, got shape ", t.sizes());
-  TORCH_CHECK(t.scalar_type() == at::kInt || (allow_int64 && t.scalar_type() == at::kLong), op, ": ", name,
-              allow_int64 ? " must be int32 or int64" : " must be int32", ", got ", t.scalar_type());
-}
-
-// Value checks of qo_indptr (debug mode only: reading device values is a host sync).
-void check_qo_indptr_values(const char* op, const at::Tensor& qo_cpu, int64_t rows, const char* rows_name,
-                            int64_t words) {
-  TORCH_CHECK(qo_cpu.size(0) >= 1, op, ": qo_indptr must be [B+1] with at least one entry, got ", qo_cpu.sizes());
-  const int32_t* qo = qo_cpu.data_ptr<int32_t>();
-  const int64_t batch = qo_cpu.size(0) - 1;
-  TORCH_CHECK(qo[0] == 0, op, ": qo_indptr[0] must be 0, got ", qo[0]);
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t tree = qo[b + 1] - qo[b];
-    TORCH_CHECK(tree >= 0, op, ": qo_indptr must be non-decreasing, got qo_indptr[", b, "] = ", qo[b],
-                " > qo_indptr[", b + 1, "] = ", qo[b + 1]);
-    TORCH_CHECK(tree <= 32 * words, op, ": request ", b, " has ", tree, " draft tokens but words = ", words,
-                " gives only ", 32 * words, " bits per row");
-  }
-  TORCH_CHECK(qo[batch] <= rows, op, ": qo_indptr[B] = ", qo[batch], " exceeds ", rows_name, " = ", rows);
-}
-
 at::Tensor tree_mask_from_parents_cuda(const at::Tensor& parents_in,    // [N] int32
                                        const at::Tensor& qo_indptr_in,  // [B+1] int32
                                        int64_t words) {
-  constexpr const char* op = "tree_mask_from_parents";
-  check_index_vector(parents_in, op, "parents", /*allow_int64=*/false);
-  check_index_vector(qo_indptr_in, op, "qo_indptr", /*allow_int64=*/false);
-  TORCH_CHECK(qo_indptr_in.size(0) >= 1, op, ": qo_indptr must be [B+1] with at least one entry, got ",
-              qo_indptr_in.sizes());
-  TORCH_CHECK(qo_indptr_in.device() == parents_in.device(), op, ": qo_indptr must be on the device of parents (",
-              parents_in.device(), "), got ", qo_indptr_in.device());
-  TORCH_CHECK(words >= 0, op, ": words must be >= 0, got ", words);
+  const int64_t batch = check_tree_mask_from_parents_args(parents_in, qo_indptr_in, words);
   const c10::cuda::CUDAGuard guard(parents_in.device());
   const at::Tensor parents = parents_in.contiguous();  // no-ops for the usual inputs; a copy is graph-safe
   const at::Tensor qo_indptr = qo_indptr_in.contiguous();
   const int64_t num_rows = parents.size(0);
-  const int64_t batch = qo_indptr.size(0) - 1;
 
-  if (value_checks_wanted()) {
-    const at::Tensor qo = qo_indptr.cpu();
-    check_qo_indptr_values(op, qo, num_rows, "the N rows of parents", words);
-    const at::Tensor par = parents.cpu();
-    const int32_t* p = par.data_ptr<int32_t>();
-    const int32_t* q = qo.data_ptr<int32_t>();
-    for (int64_t b = 0; b < batch; ++b) {
-      for (int64_t j = 0; j < q[b + 1] - q[b]; ++j) {
-        const int32_t parent = p[q[b] + j];
-        TORCH_CHECK(parent >= -1 && parent < j, op, ": parents[", q[b] + j, "] = ", parent, " (token ", j,
-                    " of request ", b, ") must be -1 (root) or the index of an earlier token of its request (0..",
-                    j - 1, ")");
-      }
-    }
-  }
+  if (value_checks_wanted()) check_tree_mask_from_parents_values(parents, qo_indptr, words);
 
   at::Tensor mask = at::empty({num_rows, words}, parents.options().dtype(at::kInt));
   if (num_rows == 0 || words == 0) return mask;
@@ -181,60 +137,21 @@ at::Tensor tree_mask_from_parents_cuda(const at::Tensor& parents_in,    // [N] i
   return mask;
 }
 
-template <typename OffsetT, typename PrefixT>
-void check_dense_values(const at::Tensor& mask_indptr_any, const at::Tensor& qo_cpu,
-                        const at::Tensor& prefix_lens_any, int64_t dense_len) {
-  const at::Tensor mi = mask_indptr_any.cpu();
-  const at::Tensor pl = prefix_lens_any.cpu();
-  const OffsetT* m = mi.data_ptr<OffsetT>();
-  const PrefixT* l = pl.data_ptr<PrefixT>();
-  const int32_t* q = qo_cpu.data_ptr<int32_t>();
-  for (int64_t b = 0; b + 1 < qo_cpu.size(0); ++b) {
-    const int64_t tree = q[b + 1] - q[b];
-    TORCH_CHECK(l[b] >= 0, "tree_mask_from_dense: prefix_lens[", b, "] = ", l[b], " must be >= 0");
-    const int64_t end = static_cast<int64_t>(m[b]) + tree * (static_cast<int64_t>(l[b]) + tree);
-    TORCH_CHECK(m[b] >= 0 && end <= dense_len, "tree_mask_from_dense: request ", b, "'s mask [", m[b], ", ", end,
-                ") lies outside custom_mask's ", dense_len, " elements");
-  }
-}
-
 at::Tensor tree_mask_from_dense_cuda(const at::Tensor& custom_mask_in,  // [*] uint8 | bool, flat FULL_MASK
                                      const at::Tensor& mask_indptr_in,  // [>= B] int32 | int64
                                      const at::Tensor& qo_indptr_in,    // [B+1] int32
                                      const at::Tensor& prefix_lens_in,  // [>= B] int32 | int64
                                      int64_t num_tokens, int64_t words) {
-  constexpr const char* op = "tree_mask_from_dense";
-  TORCH_CHECK(custom_mask_in.dim() == 1, op, ": custom_mask must be 1-D (flat), got shape ", custom_mask_in.sizes());
-  TORCH_CHECK(custom_mask_in.scalar_type() == at::kByte || custom_mask_in.scalar_type() == at::kBool, op,
-              ": custom_mask must be uint8 or bool, got ", custom_mask_in.scalar_type());
-  check_index_vector(mask_indptr_in, op, "mask_indptr", /*allow_int64=*/true);
-  check_index_vector(prefix_lens_in, op, "prefix_lens", /*allow_int64=*/true);
-  check_index_vector(qo_indptr_in, op, "qo_indptr", /*allow_int64=*/false);
-  for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{mask_indptr_in, "mask_indptr"},
-                                {qo_indptr_in, "qo_indptr"}, {prefix_lens_in, "prefix_lens"}}) {
-    TORCH_CHECK(t.device() == custom_mask_in.device(), op, ": ", name, " must be on the device of custom_mask (",
-                custom_mask_in.device(), "), got ", t.device());
-  }
-  TORCH_CHECK(num_tokens >= 0, op, ": num_tokens must be >= 0, got ", num_tokens);
-  TORCH_CHECK(words >= 0, op, ": words must be >= 0, got ", words);
-  TORCH_CHECK(qo_indptr_in.size(0) >= 1, op, ": qo_indptr must be [B+1] with at least one entry, got ",
-              qo_indptr_in.sizes());
-  const int64_t batch = qo_indptr_in.size(0) - 1;
-  TORCH_CHECK(mask_indptr_in.size(0) >= batch, op, ": mask_indptr must have at least B = ", batch,
-              " entries, got ", mask_indptr_in.sizes());
-  TORCH_CHECK(prefix_lens_in.size(0) >= batch, op, ": prefix_lens must have at least B = ", batch,
-              " entries, got ", prefix_lens_in.sizes());
+  const int64_t batch =
+      check_tree_mask_from_dense_args(custom_mask_in, mask_indptr_in, qo_indptr_in, prefix_lens_in, num_tokens, words);
 
   const c10::cuda::CUDAGuard guard(custom_mask_in.device());
   const at::Tensor custom_mask = custom_mask_in.contiguous();
   const at::Tensor mask_indptr = mask_indptr_in.contiguous();
   const at::Tensor qo_indptr = qo_indptr_in.contiguous();
   const at::Tensor prefix_lens = prefix_lens_in.contiguous();
-  const bool checks = value_checks_wanted();
-  at::Tensor qo_cpu;
-  if (checks) {
-    qo_cpu = qo_indptr.cpu();
-    check_qo_indptr_values(op, qo_cpu, num_tokens, "num_tokens", words);
+  if (value_checks_wanted()) {
+    check_tree_mask_from_dense_values(custom_mask.numel(), mask_indptr, qo_indptr, prefix_lens, num_tokens, words);
   }
 
   at::Tensor mask = at::empty({num_tokens, words}, qo_indptr.options().dtype(at::kInt));
@@ -245,7 +162,6 @@ at::Tensor tree_mask_from_dense_cuda(const at::Tensor& custom_mask_in,  // [*] u
   auto launch = [&](auto offset_tag, auto prefix_tag) {
     using OffsetT = decltype(offset_tag);
     using PrefixT = decltype(prefix_tag);
-    if (checks) check_dense_values<OffsetT, PrefixT>(mask_indptr, qo_cpu, prefix_lens, dense_len);
     mask_from_dense_kernel<uint8_t, OffsetT, PrefixT>
         <<<grid_for_rows(num_tokens), kThreads, 0, at::cuda::getCurrentCUDAStream()>>>(
             dense, mask_indptr.data_ptr<OffsetT>(), qo_indptr.data_ptr<int32_t>(), prefix_lens.data_ptr<PrefixT>(),

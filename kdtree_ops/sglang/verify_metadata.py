@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import torch
 
-MASK_WORD_BITS = 32
-
-
-def mask_words(max_tree_tokens: int) -> int:
-    """int32 words per packed-mask row for trees of up to `max_tree_tokens` draft tokens (at least 1)."""
-    return max(1, -(-int(max_tree_tokens) // MASK_WORD_BITS))
+# int32 words per packed-mask row for trees of up to N draft tokens (at least 1); the backend imports it here.
+from ..trees import mask_words_for as mask_words
 
 
 def chain_parents(qo_indptr: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
