@@ -195,3 +195,19 @@ def test_tree_mask_from_dense_rejects(ops, changes, pattern):
 def test_record_divergence_rejects(ops, out, ref, stats, pattern):
     with pytest.raises(RuntimeError, match=pattern):
         ops.record_divergence(out, ref, stats)
+
+
+def test_has_kernel_for_names_the_cuda_kernels():
+    # The SGLang backend falls back to its parent where this says no: it must mirror the CUDA dispatch.
+    from kdtree_ops import ops
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert ops.has_kernel_for(cpu, torch.float32, 96, 80, 3)
+    assert not ops.has_kernel_for(cpu, torch.int8, 64, 64, 1)
+    for dqk, dv in ops.CUDA_HEAD_DIMS:
+        assert ops.has_kernel_for(cuda, torch.bfloat16, dqk, dv, 8)
+        assert ops.has_kernel_for(cuda, torch.float16, dqk, dv, 1)
+        assert not ops.has_kernel_for(cuda, torch.float32, dqk, dv, 8)
+    assert ops.has_kernel_for(cuda, torch.bfloat16, 576, 512, 1)
+    assert not ops.has_kernel_for(cuda, torch.bfloat16, 576, 512, 2)
+    assert not ops.has_kernel_for(cuda, torch.bfloat16, 96, 96, 8)

@@ -14,12 +14,34 @@ from . import build
 build.load()
 
 __all__ = [
+    "has_kernel_for",
     "tree_verify_attention",
     "tree_verify_attention_out",
     "tree_mask_from_parents",
     "tree_mask_from_dense",
     "record_divergence",
 ]
+
+
+# (Dqk, Dv) pairs the CUDA kernels are built for (csrc/cuda/tree_verify_attention.cu dispatches on the same
+# list); the MLA pair needs a single KV head. The CPU kernel takes any head dims.
+CUDA_HEAD_DIMS = ((64, 64), (128, 128), (256, 256))
+CUDA_MLA_HEAD_DIMS = (576, 512)
+
+
+def has_kernel_for(device: torch.device, dtype: torch.dtype, head_dim_qk: int, head_dim_v: int,
+                   num_kv_heads: int) -> bool:
+    """Whether tree_verify_attention has a kernel for this device, dtype and head configuration.
+
+    Reads no tensor values (callers decide per layer, inside CUDA graphs too). CPU: float32, bfloat16,
+    float16, any head dims. CUDA: bfloat16 or float16 with (Dqk, Dv) in CUDA_HEAD_DIMS, or CUDA_MLA_HEAD_DIMS
+    with one KV head.
+    """
+    if device.type != "cuda":
+        return dtype in (torch.float32, torch.bfloat16, torch.float16)
+    dims = (head_dim_qk, head_dim_v)
+    return dtype in (torch.bfloat16, torch.float16) and (
+        dims in CUDA_HEAD_DIMS or (dims == CUDA_MLA_HEAD_DIMS and num_kv_heads == 1))
 
 
 def attention_output_shape(q: torch.Tensor, v_cache: torch.Tensor) -> tuple:

@@ -45,8 +45,6 @@ from .verify_metadata import GraphTreeMask, mask_words, packed_tree_mask
 logger = logging.getLogger(__name__)
 
 VERIFY_MODES = ("off", "validate", "on")
-_OP_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-
 
 def verify_mode_from_env() -> str:
     """KDTREE_VERIFY = off | validate | on (default on); anything else is an error naming the variable."""
@@ -144,10 +142,12 @@ class KDTreeAttnBackend(TritonAttnBackend):
 
     # ---- forward -------------------------------------------------------------------------------------
 
-    def _op_serves(self, layer, forward_batch, sinks, score_mod, aux_tensors) -> bool:
+    def _op_serves(self, q, layer, forward_batch, sinks, score_mod, aux_tensors) -> bool:
         """Whether the kdtree op covers this verify call (configuration only; no tensor values read)."""
         return (
             self._step_tree_mask is not None
+            and self._ops.has_kernel_for(q.device, q.dtype, layer.qk_head_dim, layer.v_head_dim,
+                                         layer.tp_k_head_num)
             and sinks is None
             and score_mod is None
             and aux_tensors is None
@@ -165,7 +165,7 @@ class KDTreeAttnBackend(TritonAttnBackend):
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None,
                        aux_tensors=None):
         if not self._verify_active(forward_batch) or not self._op_serves(
-            layer, forward_batch, sinks, score_mod, aux_tensors
+            q, layer, forward_batch, sinks, score_mod, aux_tensors
         ):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, sinks=sinks,
                                           score_mod=score_mod, aux_tensors=aux_tensors)
