@@ -97,16 +97,11 @@ def _plot(results: dict, path: Path) -> str:
     env = results["environment"]
     title = f"tree verify attention, bf16: {env.get('device', '?')}, commit {env['commit'][:10]}"
     ylabel = "us per call (median of CUDA-graph replays)"
-    try:
-        import matplotlib
+    import matplotlib  # write_report records its absence as a note: the table and JSON do not need it
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception:  # the GPU machine has none: the standard-library renderer
-        from .png import bar_chart_png
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
 
-        path.write_bytes(bar_chart_png(names, series, title, "us (log)"))
-        return "kdtree_ops.bench.png (matplotlib not importable)"
     fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) + 2), 4.5))
     width = 0.8 / len(series)
     for i, (label, values) in enumerate(series.items()):
