@@ -5,25 +5,44 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 
+#include <array>
+#include <atomic>
+
 #include "tile_configs.h"
 
 namespace kdtree::cuda {
 
+// CTAs of configuration C that fit on one SM of `device`. Found once per device, with the kernel's
+// dynamic shared-memory limit raised to the device's opt-in maximum at the same time, so a launch makes no
+// attribute or occupancy calls. Counted at the smallest schedule (one request): a larger batch only adds
+// 16 bytes of schedule per request, and the grid needs no co-residency (no CTA waits for another).
+template <class C>
+int ctas_per_sm(int device, const cudaDeviceProp& prop) {
+  static std::array<std::atomic<int>, 64> cached{};  // 0: not yet known
+  TORCH_CHECK(device >= 0 && device < static_cast<int>(cached.size()), "tree_verify_attention: device index ",
+              device, " out of range");
+  int ctas = cached[device].load(std::memory_order_relaxed);
+  if (ctas == 0) {
+    auto* kernel = tree_verify_attention_kernel<C>;
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(prop.sharedMemPerBlockOptin)));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, C::kThreads, C::smem_bytes(1)));
+    TORCH_CHECK(ctas > 0, "tree_verify_attention: the kernel for head dims ", C::kDqk, "/", C::kDv,
+                " does not fit on this GPU");
+    cached[device].store(ctas, std::memory_order_relaxed);
+  }
+  return ctas;
+}
+
 template <class C>
 void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
-  auto* kernel = tree_verify_attention_kernel<C>;
   const size_t smem = C::smem_bytes(p.batch);
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
   TORCH_CHECK(smem <= prop->sharedMemPerBlockOptin, "tree_verify_attention: a batch of ", p.batch,
               " requests needs ", smem, " bytes of shared memory with head dims ", C::kDqk, "/", C::kDv,
               "; this GPU allows ", prop->sharedMemPerBlockOptin, " per block");
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
-  int blocks_per_sm = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks_per_sm, kernel, C::kThreads, smem));
-  TORCH_CHECK(blocks_per_sm > 0, "tree_verify_attention: the kernel for head dims ", C::kDqk, "/", C::kDv,
-              " does not fit on this GPU");
   // A persistent grid: its size depends on the device only, never on the lengths of a batch.
-  const int grid = prop->multiProcessorCount * blocks_per_sm;
+  const int grid = prop->multiProcessorCount * ctas_per_sm<C>(q.get_device(), *prop);
 
   // Row tiles: sum over requests of Hkv * ceil(T_b * G / BLOCK_M) <= Hkv * (ceil(N * G / BLOCK_M) + B).
   const int64_t row_tiles =
@@ -43,7 +62,7 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   C10_CUDA_CHECK(cudaMemsetAsync(p.row_tile_counters, 0, row_tiles * sizeof(int), stream));
   p.min_units_per_cta = kMinUnitsPerCta;
 
-  kernel<<<grid, C::kThreads, smem, stream>>>(p);
+  tree_verify_attention_kernel<C><<<grid, C::kThreads, smem, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
