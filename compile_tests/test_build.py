@@ -52,3 +52,17 @@ def test_processes_that_start_together_share_one_build(tmp_path):
     compiled = sum("compiling" in err for _, err in results)
     assert compiled == 1, [err for _, err in results]  # exactly one process compiled
     assert len(list(tmp_path.glob("kdtree_ops_*/*.so"))) == 1
+
+
+def test_build_key_ignores_where_the_sources_sit(tmp_path):
+    # A checkout and a wheel install of the same sources share one cached build.
+    import shutil
+
+    keys = set()
+    for place in ("checkout", "site-packages"):
+        root = tmp_path / place / "csrc"
+        shutil.copytree(REPO / "csrc", root)
+        keys.add(build._build_key(build._sources(root, False), root, build._flags(root, []), False))
+    assert len(keys) == 1
+    (root / "ops.cpp").write_text((root / "ops.cpp").read_text() + "\n// changed\n")
+    assert build._build_key(build._sources(root, False), root, build._flags(root, []), False) not in keys

@@ -14,6 +14,7 @@ Environment:
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import re
@@ -41,6 +42,7 @@ def source_root() -> Path:
     raise FileNotFoundError(f"kdtree_ops: C++ sources not found next to {here} (looked for _csrc/ and ../csrc/)")
 
 
+@functools.lru_cache(maxsize=None)
 def cuda_home() -> Path | None:
     """The CUDA toolkit to compile with, or None.
 
@@ -132,7 +134,9 @@ def _build_key(sources: list[Path], root: Path, flags: tuple[list[str], list[str
     for path in sorted(set(sources) | set(headers)):
         digest.update(str(path.relative_to(root)).encode())
         digest.update(path.read_bytes())
-    digest.update(repr((flags, torch.__version__, torch.version.cuda, sys.version_info[:2])).encode())
+    # Where the sources sit (a checkout, site-packages) is not part of what gets built.
+    portable_flags = [[f.replace(str(root), "<csrc>") for f in group] for group in flags]
+    digest.update(repr((portable_flags, torch.__version__, torch.version.cuda, sys.version_info[:2])).encode())
     return digest.hexdigest()[:16]
 
 
@@ -151,11 +155,13 @@ def load(verbose: bool | None = None) -> Path:
     build_dir = cache_dir() / name
     build_dir.mkdir(parents=True, exist_ok=True)
     library = build_dir / f"{name}.so"
+    complete = build_dir / "complete"  # written after a successful build: a killed build leaves none
 
     with open(build_dir / "build.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building this very key: wait, then re-check
-        if not library.exists():
+        if not complete.exists():
             _compile(name, sources, flags, build_dir, archs, verbose)
+            complete.touch()
     torch.ops.load_library(str(library))
     _loaded_library = library
     return library
