@@ -63,11 +63,12 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-// Shared-memory tiles are rows of 16-byte chunks; chunk c of row r is stored at chunk
-// (c & ~7) | ((c ^ r) & 7), so the 8 rows an ldmatrix reads at one column hit 8 different bank groups.
-// Needs a multiple of 8 chunks per row (head dims 64, 128, 256, 512, 576 all give one).
-__device__ __forceinline__ int swizzle(int row, int chunk, int chunks_per_row) {
-  return row * chunks_per_row + ((chunk & ~7) | ((chunk ^ row) & 7));
+// Shared-memory tiles are blocks of 64 columns (8 chunks of 16 bytes), each block [rows][8 chunks]; chunk c
+// of row r sits at chunk (c ^ r) & 7 of its row. That is wgmma's 128-byte swizzle (with blocks on 1024-byte
+// boundaries), and the 8 rows an ldmatrix reads at one column hit 8 different bank groups. Needs rows and
+// chunks per row in multiples of 8 (head dims 64, 128, 256, 512, 576 and tiles of 8k rows all qualify).
+__device__ __forceinline__ int swizzle(int row, int chunk, int rows) {
+  return (chunk >> 3) * rows * 8 + row * 8 + ((chunk ^ row) & 7);
 }
 
 }  // namespace kdtree::cuda

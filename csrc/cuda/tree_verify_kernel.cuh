@@ -1,4 +1,4 @@
-// Tree-verify attention kernel (mma.sync m16n8k16: sm_80, sm_90a, sm_120).
+// Tree-verify attention kernel: wgmma on sm_90a, mma.sync m16n8k16 (the portable path) on sm_80, sm_90a, sm_120.
 //
 // One CTA runs a contiguous range of (row tile, KV tile) units from the device-side work split
 // (work_split.cuh). A row tile packs BLOCK_M rows of (draft token x query head of one KV head), so one read
@@ -7,6 +7,9 @@
 // Warps are laid out WARPS_M x WARPS_N: in the S phase the WARPS_N warps of a row group split the tile's
 // keys; in the PV phase they split the output columns (MLA's Dv = 512 does not fit one warp's registers),
 // exchanging row maxima and P through shared memory. With WARPS_N = 1 P stays in registers.
+// Warps come in groups of four (a warpgroup, wgmma's unit): the group shares one key/column split, each warp
+// owns 16 consecutive rows. wgmma leaves its accumulators in the same per-warp layout as mma.sync, so the
+// two paths differ only in how the two GEMMs are issued; the softmax, mask, stores and merge are shared.
 // A row tile split over several CTAs leaves normalized partial outputs and their log-sum-exp in the
 // workspace; the CTA that finishes last (atomic counter) merges them in a fixed order (deterministic).
 #pragma once
@@ -17,35 +20,49 @@
 #include "mma.cuh"
 #include "tree_mask_bits.cuh"
 #include "tree_verify_params.h"
+#include "wgmma.cuh"
 #include "work_split.cuh"
 
 namespace kdtree::cuda {
 
+// 2^x in one MUFU instruction (flushes subnormal results to zero; exp2f adds range fix-ups around it).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <typename T_, int kDqk_, int kDv_, int kBlockM_, int kBlockN_, int kWarpsN_, int kMTilesPerWarp_,
-          int kStages_>
+          int kStages_, bool kWgmma_ = false, bool kVTile_ = true>
 struct TreeVerifyConfig {
   using T = T_;
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr int kWarpsN = kWarpsN_, kMTilesPerWarp = kMTilesPerWarp_, kStages = kStages_;
+  static constexpr bool kWgmma = kWgmma_;
+  // Without V tiles (shared memory too small), V comes from the K tile: MLA's latent cache, and for draft
+  // keys whose V does not alias K, a reload over the K tile after S (load_v_over_k).
+  static constexpr bool kVTile = kVTile_;
   static constexpr int kRowsPerWarp = 16 * kMTilesPerWarp;
   static constexpr int kWarpsM = kBlockM / kRowsPerWarp;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
   static constexpr int kKeysPerWarp = kBlockN / kWarpsN;  // S phase
   static constexpr int kDvPerWarp = kDv / kWarpsN;        // PV phase
   static constexpr int kChunksQK = kDqk / 8, kChunksV = kDv / 8;
-  static constexpr int kPStride = kBlockN + 8;  // padded P rows (WARPS_N > 1)
-  static_assert(kBlockM % kRowsPerWarp == 0 && kBlockN <= 64 && kBlockN % 16 == 0, "tile shape");
+  static_assert(kBlockM % kRowsPerWarp == 0 && kBlockN % 16 == 0 && kBlockN <= kThreads, "tile shape");
+  static_assert(kWarpsN == 1 || kBlockN <= 64, "the P exchange holds 64 keys");
+  static_assert(kWarpsM % 4 == 0, "whole warpgroups of 16-row warps");
+  static_assert(!kWgmma || kMTilesPerWarp == 1, "wgmma: 16 rows per warp");
   static_assert(kKeysPerWarp % 16 == 0 && kDvPerWarp % 16 == 0 && kDqk % 64 == 0 && kDv % 64 == 0, "warp split");
 
   static constexpr int kQBytes = kBlockM * kDqk * 2;
   static constexpr int kKBytes = kBlockN * kDqk * 2;
-  static constexpr int kVBytes = kBlockN * kDv * 2;
-  static constexpr int kPBytes = kWarpsN > 1 ? kBlockM * kPStride * 2 : 0;
+  static constexpr int kVBytes = kVTile ? kBlockN * kDv * 2 : 0;
+  static constexpr int kPBytes = kWarpsN > 1 ? kBlockM * ((kBlockN + 63) / 64 * 64) * 2 : 0;  // swizzled blocks
   static constexpr int kRedBytes = kWarpsN * kBlockM * 4;
-  static constexpr int kSrcBytes = kStages * kBlockN * 8;
+  static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile ? 2 : 1);  // K (and V) row pointers
   static constexpr int kFixedSmem = kQBytes + kStages * (kKBytes + kVBytes) + kPBytes + kRedBytes + kSrcBytes + 16;
-  // Plus the schedule: (B+1) piece starts and (B+1) row-tile starts (int64).
-  static size_t smem_bytes(int batch) { return kFixedSmem + (batch + 1) * 16; }
+  // Plus the slack that puts the tiles on a 1024-byte boundary (the swizzle pattern's period).
+  static constexpr size_t kSmemBytes = kFixedSmem + 1024;
 };
 
 template <class C>
@@ -61,10 +78,12 @@ struct TreeVerifyCta {
   T* sV;
   T* sP;
   float* sRed;
-  int64_t* sSrc;  // [STAGES][BLOCK_N] key sources (key_source)
+  const T** sKRow;  // [STAGES][BLOCK_N] where each key's K row is (key_rows); nullptr: past the keys
+  const T** sVRow;  // same for V rows (configurations with V tiles)
   int* sFlag;
   const int tid = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int wm = warp / C::kWarpsN, wn = warp % C::kWarpsN;
+  const int wn = (warp / 4) % C::kWarpsN;                  // key split (S) / column split (PV)
+  const int wm = (warp / 4 / C::kWarpsN) * 4 + warp % 4;  // row group of MTILES x 16 rows
 
   __device__ TreeVerifyCta(const TreeVerifyParams& params, char* smem) : p(params) {
     sQ = reinterpret_cast<T*>(smem);
@@ -72,7 +91,8 @@ struct TreeVerifyCta {
     sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKBytes);
     sP = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
     sRed = reinterpret_cast<float*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes) + C::kPBytes);
-    sSrc = reinterpret_cast<int64_t*>(smem + C::kFixedSmem - 16 - C::kSrcBytes);
+    sKRow = reinterpret_cast<const T**>(smem + C::kFixedSmem - 16 - C::kSrcBytes);
+    sVRow = sKRow + C::kStages * C::kBlockN;
     sFlag = reinterpret_cast<int*>(smem + C::kFixedSmem - 16);
   }
 
@@ -92,47 +112,71 @@ struct TreeVerifyCta {
       const bool valid = packed < r.tree_len * p.group;
       const int token = valid ? packed / p.group : 0, head = h * p.group + (valid ? packed % p.group : 0);
       const T* src = q + (r.qo_start + token) * p.q_row_stride + head * p.q_head_stride + chunk * 8;
-      cp_async_16(sQ + swizzle(row, chunk, C::kChunksQK) * 8, valid ? src : q, valid);
+      cp_async_16(sQ + swizzle(row, chunk, C::kBlockM) * 8, valid ? src : q, valid);
     }
   }
 
-  // Where key j of the request comes from: a cache slot (>= 0), draft row d of k_draft/v_draft (-2 - d), or
-  // nowhere (-1: past the keys, zero-filled). Key j < L_b (or every key, with draft K/V in the cache) is
-  // cache slot kv_indices[kv_start + j]; with k_draft/v_draft, draft key j - L_b is row qo_start + j - L_b.
-  __device__ int64_t key_source(const RequestInfo& r, int j) const {
-    if (j >= r.kv_len) return -1;
-    if (p.k_draft == nullptr || j < r.prefix_len) return slot(r.kv_start + j);
-    return -2 - static_cast<int64_t>(r.qo_start + j - r.prefix_len);
+  struct KeyRows {
+    const T* k;
+    const T* v;
+  };
+  // Where the K and V rows (KV head h) of key j of the request are: cache slot kv_indices[kv_start + j] for
+  // j < L_b (for every key, with draft K/V in the cache), else row qo_start + j - L_b of k_draft/v_draft;
+  // nullptr past the keys (zero-filled).
+  __device__ KeyRows key_rows(const RequestInfo& r, int h, int j) const {
+    if (j >= r.kv_len) return {nullptr, nullptr};
+    if (p.k_draft == nullptr || j < r.prefix_len) {
+      const int64_t s = slot(r.kv_start + j);
+      return {static_cast<const T*>(p.k_cache) + s * p.k_row_stride + h * p.k_head_stride,
+              static_cast<const T*>(p.v_cache) + s * p.v_row_stride + h * p.v_head_stride};
+    }
+    const int64_t d = r.qo_start + j - r.prefix_len;
+    return {static_cast<const T*>(p.k_draft) + d * p.kd_row_stride + h * p.kd_head_stride,
+            static_cast<const T*>(p.v_draft) + d * p.vd_row_stride + h * p.vd_head_stride};
+  }
+  __device__ void stage_rows(int i, const KeyRows& rows) {
+    sKRow[i] = rows.k;
+    if constexpr (C::kVTile) sVRow[i] = rows.v;
   }
 
-  // KV tile into `stage`, from the key sources staged in sSrc[stage] (one global index read per key, done
-  // an iteration ahead so its latency hides behind the tensor cores). Fixed trip counts: fully unrolled.
-  __device__ void load_kv(int h, int stage, bool v_from_k) {
-    const int64_t* src_of_row = sSrc + stage * C::kBlockN;
-    load_rows<C::kChunksQK>(src_of_row, static_cast<const T*>(p.k_cache), p.k_row_stride, p.k_head_stride,
-                            static_cast<const T*>(p.k_draft), p.kd_row_stride, p.kd_head_stride, h,
-                            sK + stage * (C::kBlockN * C::kDqk));
-    if (!v_from_k)
-      load_rows<C::kChunksV>(src_of_row, static_cast<const T*>(p.v_cache), p.v_row_stride, p.v_head_stride,
-                             static_cast<const T*>(p.v_draft), p.vd_row_stride, p.vd_head_stride, h,
-                             sV + stage * (C::kBlockN * C::kDv));
+  // KV tile into `stage`, from the row pointers staged in shared memory (found an iteration ahead, so the
+  // index reads hide behind the tensor cores): one pointer read and one 16-byte copy per chunk.
+  __device__ void load_kv(int stage, bool v_from_k) {
+    load_rows<C::kChunksQK>(sKRow + stage * C::kBlockN, sK + stage * (C::kBlockN * C::kDqk));
+    if constexpr (C::kVTile)
+      if (!v_from_k) load_rows<C::kChunksV>(sVRow + stage * C::kBlockN, sV + stage * (C::kBlockN * C::kDv));
   }
 
   template <int kChunks>
-  __device__ __forceinline__ void load_rows(const int64_t* src_of_row, const T* cache, int64_t row_stride,
-                                            int64_t head_stride, const T* draft, int64_t draft_row_stride,
-                                            int64_t draft_head_stride, int h, T* dst) {
+  __device__ __forceinline__ void load_rows(const T* const* rows, T* dst) {
     static_assert(C::kBlockN * kChunks % C::kThreads == 0, "threads tile the KV tile");
-    // Unrolled for the GQA head dims; MLA's 72-chunk rows would hold too many pointers in registers.
+    // Unrolled for the GQA head dims; for MLA's 72-chunk rows the hoisted pointer reads would cost registers.
     constexpr int kUnroll = kChunks > 32 ? 1 : C::kBlockN * kChunks / C::kThreads;
 #pragma unroll kUnroll
     for (int k = 0; k < C::kBlockN * kChunks / C::kThreads; ++k) {
       const int i = tid + k * C::kThreads, row = i / kChunks, chunk = i % kChunks;
-      const int64_t source = src_of_row[row];
-      const T* src = source >= 0 ? cache + source * row_stride + h * head_stride
-                                 : draft + (-2 - source) * draft_row_stride + h * draft_head_stride;
-      cp_async_16(dst + swizzle(row, chunk, kChunks) * 8, source != -1 ? src + chunk * 8 : cache, source != -1);
+      const T* src = rows[row];
+      cp_async_16(dst + swizzle(row, chunk, C::kBlockN) * 8, src != nullptr ? src + chunk * 8 : dst_fallback(),
+                  src != nullptr);
     }
+  }
+  // Any valid global address: a zero-filling copy reads nothing from it.
+  __device__ const T* dst_fallback() const { return static_cast<const T*>(p.q); }
+
+  // V rows of draft tile kt over the K tile's first Dv columns, for configurations without V tiles where V
+  // does not alias K there. Every warp calls it, after its S GEMM; a rare path (separate draft V only).
+  __device__ void load_v_over_k(const RequestInfo& r, int h, int kt, T* k_tile) {
+    __syncthreads();  // every warp is done reading K
+    for (int i = tid; i < C::kBlockN * C::kChunksV; i += C::kThreads) {
+      const int row = i / C::kChunksV, chunk = i % C::kChunksV;
+      const T* src = key_rows(r, h, kt * C::kBlockN + row).v;
+      cp_async_16(k_tile + swizzle(row, chunk, C::kBlockN) * 8, src != nullptr ? src + chunk * 8 : dst_fallback(),
+                  src != nullptr);
+    }
+    cp_async_commit();
+    cp_async_wait<0>();
+    if constexpr (C::kWgmma) fence_proxy_async();
+    __syncthreads();
   }
 
   // V of tile `kt` is the K tile's first Dv columns (MLA's latent cache), so it needs no load of its own.
@@ -169,35 +213,36 @@ struct TreeVerifyCta {
       }
 
     __syncthreads();  // the previous segment is done with shared memory
-    // Key sources of the first STAGES tiles; later ones are fetched one iteration ahead.
+    // Row pointers of the first STAGES tiles; later ones are found one iteration ahead.
     for (int i = tid; i < C::kStages * C::kBlockN; i += C::kThreads) {
       const int kt = kt0 + i / C::kBlockN;
-      sSrc[i] = kt < kt1 ? key_source(r, kt * C::kBlockN + i % C::kBlockN) : -1;
+      stage_rows(i, kt < kt1 ? key_rows(r, h, kt * C::kBlockN + i % C::kBlockN) : KeyRows{nullptr, nullptr});
     }
     __syncthreads();
     load_q(r, h, m0);
 #pragma unroll
     for (int s = 0; s < C::kStages - 1; ++s) {
-      if (kt0 + s < kt1) load_kv(h, s, v_from_k(r, kt0 + s));
+      if (kt0 + s < kt1) load_kv(s, v_from_k(r, kt0 + s));
       cp_async_commit();
     }
 
     for (int kt = kt0; kt < kt1; ++kt) {
       const int stage = (kt - kt0) % C::kStages;
       cp_async_wait<C::kStages - 2>();
+      if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads the landed tile through the async proxy
       __syncthreads();  // tile kt landed for everyone; everyone is done with tile kt - 1
       {
         const int next = kt + C::kStages - 1;
-        if (next < kt1) load_kv(h, (next - kt0) % C::kStages, v_from_k(r, next));
+        if (next < kt1) load_kv((next - kt0) % C::kStages, v_from_k(r, next));
         cp_async_commit();
       }
-      // The sources of tile kt + STAGES go where tile kt's were (its loads are issued); stored after the
-      // compute, so the global read is in flight meanwhile.
+      // The rows of tile kt + STAGES go where tile kt's were (its loads are issued); stored after the compute,
+      // so the index read is in flight meanwhile.
       const int ahead = kt + C::kStages;
-      int64_t ahead_source = -1;
-      if (tid < C::kBlockN && ahead < kt1) ahead_source = key_source(r, ahead * C::kBlockN + tid);
-      compute_tile(r, kt, stage, o, m_run, l_run, mask_row);
-      if (tid < C::kBlockN) sSrc[stage * C::kBlockN + tid] = ahead_source;
+      KeyRows ahead_rows{nullptr, nullptr};
+      if (tid < C::kBlockN && ahead < kt1) ahead_rows = key_rows(r, h, ahead * C::kBlockN + tid);
+      compute_tile(r, h, kt, stage, o, m_run, l_run, mask_row);
+      if (tid < C::kBlockN) stage_rows(stage * C::kBlockN + tid, ahead_rows);
     }
     cp_async_wait<0>();
 
@@ -249,51 +294,62 @@ struct TreeVerifyCta {
     }
   }
 
-  __device__ void compute_tile(const RequestInfo& r, int kt, int stage, float (&o)[MI][NO][4],
+  __device__ void compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[MI][NO][4],
                                float (&m_run)[MI][2], float (&l_run)[MI][2],
                                const uint32_t* const (&mask_row)[MI][2]) {
     const int k0 = kt * C::kBlockN;
     const bool masked = k0 + C::kBlockN > r.prefix_len;  // reaches draft columns or the end of the keys
     const T* k_tile = sK + stage * (C::kBlockN * C::kDqk);
     const bool v_k = v_from_k(r, kt);
-    const T* v_tile = v_k ? k_tile : sV + stage * (C::kBlockN * C::kDv);
-    const int v_chunks = v_k ? C::kChunksQK : C::kChunksV;
+    // Same swizzle either way: V is K's first columns.
+    const T* v_tile = v_k || !C::kVTile ? k_tile : sV + stage * (C::kBlockN * C::kDv);
 
-    // Visibility of this thread's columns, and whether the warp's rows see anything in its columns.
-    uint64_t vis[MI][2];
+    // Visibility of this warp's keys (64-column windows from its first key) for each of this thread's rows,
+    // and whether the warp's rows see anything there.
+    constexpr int kVisWords = (C::kKeysPerWarp + 63) / 64;
+    const int key0 = k0 + wn * C::kKeysPerWarp;
+    uint64_t vis[MI][2][kVisWords];
     bool warp_sees = true;
     if (masked) {
       bool any = false;
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          vis[mi][half] = mask_row[mi][half] == nullptr
-                              ? 0ull
-                              : visible_columns(mask_row[mi][half], p.mask_words, k0, r.prefix_len, r.kv_len);
-          const uint64_t mine = (vis[mi][half] >> (wn * C::kKeysPerWarp));
-          any |= (C::kKeysPerWarp == 64 ? mine : (mine & ((1ull << C::kKeysPerWarp) - 1))) != 0;
-        }
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int w = 0; w < kVisWords; ++w) {
+            const uint64_t bits = mask_row[mi][half] == nullptr
+                                      ? 0ull
+                                      : visible_columns(mask_row[mi][half], p.mask_words, key0 + 64 * w,
+                                                        r.prefix_len, r.kv_len);
+            vis[mi][half][w] = bits;
+            any |= (C::kKeysPerWarp >= 64 ? bits : (bits & ((1ull << C::kKeysPerWarp) - 1))) != 0;
+          }
       warp_sees = __any_sync(0xffffffffu, any);
     }
+    // A fully masked tree tile costs a warp no tensor-core work on the mma.sync path; wgmma is issued by the
+    // whole warpgroup, so there every warp computes (the mask then hides what it must).
+    const bool skip_tile = !C::kWgmma && !warp_sees;
 
     float s[MI][NS][4];
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int n = 0; n < NS; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.f;
-    if (warp_sees) {  // a fully masked tree tile costs this warp no tensor-core work
+    if constexpr (C::kWgmma) {
+      qk_wgmma(k_tile, s);
+    } else if (!skip_tile) {
 #pragma unroll
       for (int kk = 0; kk < C::kDqk / 16; ++kk) {
         uint32_t a[MI][4];
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi)
-          ldmatrix_x4(a[mi], sQ + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kChunksQK) * 8);
+          ldmatrix_x4(a[mi], sQ + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
 #pragma unroll
         for (int nj = 0; nj < NS / 2; ++nj) {
           uint32_t b[4];
           const int key = wn * C::kKeysPerWarp + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, k_tile + swizzle(key, kk * 2 + ((lane >> 3) & 1), C::kChunksQK) * 8);
+          ldmatrix_x4(b, k_tile + swizzle(key, kk * 2 + ((lane >> 3) & 1), C::kBlockN) * 8);
 #pragma unroll
           for (int mi = 0; mi < MI; ++mi) {
             mma_16816<T>(s[mi][2 * nj], a[mi], b[0], b[1]);
@@ -303,7 +359,9 @@ struct TreeVerifyCta {
       }
     }
 
-    // Scores into the log2 domain (uniform branches: each variant is one tight loop), then the mask.
+    // Scores into the log2 domain (uniform branches: each variant is one tight loop), then the mask. A positive
+    // scale is folded into the exponent's FMA instead (the max commutes with it): one instruction per score.
+    float score_scale = 1.f;
     if (p.logit_cap > 0.f) {
       const float inner = p.sm_scale / p.logit_cap, outer = p.logit_cap * 1.4426950408889634f;
 #pragma unroll
@@ -312,6 +370,8 @@ struct TreeVerifyCta {
         for (int n = 0; n < NS; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) s[mi][n][e] = outer * tanhf(s[mi][n][e] * inner);
+    } else if (p.scale_log2 > 0.f) {
+      score_scale = p.scale_log2;
     } else {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
@@ -325,13 +385,15 @@ struct TreeVerifyCta {
       for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
-          // Bit n * 8 + e of `mine` is this thread's column wn * KEYS + n * 8 + 2 * (lane % 4) + e.
-          const uint64_t mine = warp_sees ? vis[mi][half] >> (wn * C::kKeysPerWarp + 2 * (lane & 3)) : 0ull;
+          // Bit (n % 8) * 8 + e of mine[n / 8] is this thread's key n * 8 + 2 * (lane % 4) + e of the warp.
+          uint64_t mine[kVisWords];
+#pragma unroll
+          for (int w = 0; w < kVisWords; ++w) mine[w] = warp_sees ? vis[mi][half][w] >> (2 * (lane & 3)) : 0ull;
 #pragma unroll
           for (int n = 0; n < NS; ++n)
 #pragma unroll
             for (int e = 0; e < 2; ++e)
-              if (!((mine >> (n * 8 + e)) & 1ull)) s[mi][n][2 * half + e] = -INFINITY;
+              if (!((mine[n / 8] >> ((n % 8) * 8 + e)) & 1ull)) s[mi][n][2 * half + e] = -INFINITY;
         }
     }
     float tile_max[MI][2];
@@ -370,16 +432,16 @@ struct TreeVerifyCta {
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float m_new = fmaxf(m_run[mi][half], tile_max[mi][half]);
+        const float m_new = fmaxf(m_run[mi][half], tile_max[mi][half] * score_scale);
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: keep zeros, no NaN
-        const float correction = exp2f(m_run[mi][half] - m_use);
+        const float correction = fast_exp2(m_run[mi][half] - m_use);
         m_run[mi][half] = m_new;
         float sum = 0.f;
 #pragma unroll
         for (int n = 0; n < NS; ++n)
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float pv = exp2f(s[mi][n][2 * half + e] - m_use);
+            const float pv = fast_exp2(fmaf(s[mi][n][2 * half + e], score_scale, -m_use));
             s[mi][n][2 * half + e] = pv;
             sum += pv;
           }
@@ -389,18 +451,24 @@ struct TreeVerifyCta {
       }
 
     if constexpr (C::kWarpsN == 1) {
-      if (!warp_sees) return;  // P is all zeros
+      if constexpr (!C::kVTile)
+        if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
+      if (skip_tile) return;  // P is all zeros
+      uint32_t a[C::kBlockN / 16][MI][4];  // P as A fragments (the S accumulator layout, rounded to T)
 #pragma unroll
-      for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-        uint32_t a[MI][4];
+      for (int kk = 0; kk < C::kBlockN / 16; ++kk)
 #pragma unroll
         for (int mi = 0; mi < MI; ++mi) {
-          a[mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-          a[mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-          a[mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-          a[mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+          a[kk][mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+          a[kk][mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+          a[kk][mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+          a[kk][mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
         }
-        pv_step(a, v_tile, v_chunks, kk, o);
+      if constexpr (C::kWgmma) {
+        pv_wgmma_regs(a, v_tile, o);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < C::kBlockN / 16; ++kk) pv_step(a[kk], v_tile, kk, o);
       }
     } else {
       // Share P: the PV phase needs every key of the row group, the S phase split them across warps.
@@ -412,30 +480,85 @@ struct TreeVerifyCta {
           for (int half = 0; half < 2; ++half) {
             const int row = (wm * MI + mi) * 16 + (lane >> 2) + 8 * half;
             const int col = wn * C::kKeysPerWarp + n * 8 + 2 * (lane & 3);
-            *reinterpret_cast<uint32_t*>(sP + row * C::kPStride + col) =
+            *reinterpret_cast<uint32_t*>(sP + swizzle(row, col / 8, C::kBlockM) * 8 + col % 8) =
                 pack2<T>(s[mi][n][2 * half], s[mi][n][2 * half + 1]);
           }
+      if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads P through the async proxy
       __syncthreads();
+      if constexpr (!C::kVTile)
+        if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
+      if constexpr (C::kWgmma) {
+        pv_wgmma_smem(v_tile, o);
+      } else {
 #pragma unroll
-      for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-        uint32_t a[MI][4];
+        for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+          uint32_t a[MI][4];
 #pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-          ldmatrix_x4(a[mi], sP + ((wm * MI + mi) * 16 + (lane & 15)) * C::kPStride + kk * 16 + (lane >> 4) * 8);
-        pv_step(a, v_tile, v_chunks, kk, o);
+          for (int mi = 0; mi < MI; ++mi)
+            ldmatrix_x4(a[mi], sP + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
+          pv_step(a, v_tile, kk, o);
+        }
       }
     }
   }
 
+  // wgmma GEMMs of this warp's warpgroup: rows [64 * (wm / 4), +64), the warpgroup's keys (S) or output
+  // columns (PV). Issued, committed and waited for at once: the softmax between them needs the results.
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static constexpr uint32_t kGroupBytes = 8 * 128;  // 8 swizzled rows of 128 bytes
+
+  // S = Q Kᵀ: Q and K both K-major (rows of Dqk).
+  __device__ __forceinline__ void qk_wgmma(const T* k_tile, float (&s)[MI][NS][4]) {
+    const int row0 = (wm / 4) * 64, key0 = wn * C::kKeysPerWarp;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kDqk / 16; ++kk)
+      Wgmma<C::kKeysPerWarp>::template ss<kBf16, 0>(
+          &s[0][0][0], smem_desc(sQ + swizzle(row0, kk * 2, C::kBlockM) * 8, 16, kGroupBytes),
+          smem_desc(k_tile + swizzle(key0, kk * 2, C::kBlockN) * 8, 16, kGroupBytes), kk > 0);
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+
+  // V as the N-major B operand: 16 keys from kk * 16, this warpgroup's Dv columns (64-column blocks
+  // C::kBlockN rows apart).
+  __device__ __forceinline__ uint64_t v_desc(const T* v_tile, int kk) const {
+    return smem_desc(v_tile + swizzle(kk * 16, wn * C::kDvPerWarp / 8, C::kBlockN) * 8, C::kBlockN * 128,
+                     kGroupBytes);
+  }
+
+  // O += P V with P in registers (WARPS_N = 1).
+  __device__ __forceinline__ void pv_wgmma_regs(const uint32_t (&a)[C::kBlockN / 16][MI][4], const T* v_tile,
+                                                float (&o)[MI][NO][4]) {
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+      Wgmma<C::kDvPerWarp>::template rs<kBf16, 1>(&o[0][0][0], a[kk][0], v_desc(v_tile, kk), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+
+  // O += P V with P shared through shared memory (WARPS_N > 1), K-major like Q.
+  __device__ __forceinline__ void pv_wgmma_smem(const T* v_tile, float (&o)[MI][NO][4]) {
+    const int row0 = (wm / 4) * 64;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+      Wgmma<C::kDvPerWarp>::template ss<kBf16, 1>(
+          &o[0][0][0], smem_desc(sP + swizzle(row0, kk * 2, C::kBlockM) * 8, 16, kGroupBytes), v_desc(v_tile, kk), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+
   // O[:, this warp's Dv columns] += P[:, keys kk*16 .. +16] V[keys, columns].
-  __device__ __forceinline__ void pv_step(const uint32_t (&a)[MI][4], const T* v_tile, int v_chunks, int kk,
+  __device__ __forceinline__ void pv_step(const uint32_t (&a)[MI][4], const T* v_tile, int kk,
                                           float (&o)[MI][NO][4]) {
 #pragma unroll
     for (int nd = 0; nd < NO / 2; ++nd) {
       uint32_t b[4];
       const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
       const int chunk = (wn * C::kDvPerWarp + nd * 16) / 8 + (lane >> 4);
-      ldmatrix_x4_trans(b, v_tile + swizzle(key, chunk, v_chunks) * 8);
+      ldmatrix_x4_trans(b, v_tile + swizzle(key, chunk, C::kBlockN) * 8);
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi) {
         mma_16816<T>(o[mi][2 * nd], a[mi], b[0], b[1]);
@@ -560,11 +683,11 @@ __device__ void zero_padding_rows(const TreeVerifyParams& p, int dv) {
     out[i] = make_uint4(0, 0, 0, 0);
 }
 
+// The CTA's share of the work split: its pieces, one run_segment each.
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, 1) tree_verify_attention_kernel(const __grid_constant__ TreeVerifyParams p) {
-  extern __shared__ __align__(128) char smem[];
+__device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
   zero_padding_rows<typename C::T>(p, C::kDv);
-  long long* piece_start = reinterpret_cast<long long*>(smem + C::kFixedSmem);
+  long long* piece_start = p.schedule + static_cast<int64_t>(blockIdx.x) * 2 * (p.batch + 1);  // this CTA's
   const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(p, piece_start, piece_start + p.batch + 1);
 
   const long long pieces_total = sched.piece_start[p.batch];
@@ -586,6 +709,17 @@ __global__ void __launch_bounds__(C::kThreads, 1) tree_verify_attention_kernel(c
     const int kt0 = split * chunk, kt1 = min(r.n_tiles, kt0 + chunk);
     cta.run_segment(r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt),
                     q - split, splits, q);
+  }
+}
+
+template <class C>
+__global__ void __launch_bounds__(C::kThreads, 1) tree_verify_attention_kernel(const __grid_constant__ TreeVerifyParams p) {
+  if constexpr (C::kWgmma && !KDTREE_HAS_WGMMA) {
+    __trap();  // a wgmma configuration in a build for another architecture: the host never launches it
+  } else {
+    extern __shared__ __align__(16) char smem_raw[];
+    char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's period
+    run_tree_verify<C>(p, smem);
   }
 }
 

@@ -7,15 +7,15 @@
 
 #include <array>
 #include <atomic>
+#include <cstdlib>
 
 #include "tile_configs.h"
 
 namespace kdtree::cuda {
 
-// CTAs of configuration C that fit on one SM of `device`. Found once per device, with the kernel's
-// dynamic shared-memory limit raised to the device's opt-in maximum at the same time, so a launch makes no
-// attribute or occupancy calls. Counted at the smallest schedule (one request): a larger batch only adds
-// 16 bytes of schedule per request, and the grid needs no co-residency (no CTA waits for another).
+// CTAs of configuration C that fit on one SM of `device`. Found once per device, with the kernel's dynamic
+// shared-memory limit raised to what it needs at the same time, so a launch makes no attribute or occupancy
+// calls. The grid needs no co-residency (no CTA waits for another).
 template <class C>
 int ctas_per_sm(int device, const cudaDeviceProp& prop) {
   static std::array<std::atomic<int>, 64> cached{};  // 0: not yet known
@@ -24,9 +24,15 @@ int ctas_per_sm(int device, const cudaDeviceProp& prop) {
   int ctas = cached[device].load(std::memory_order_relaxed);
   if (ctas == 0) {
     auto* kernel = tree_verify_attention_kernel<C>;
+    cudaFuncAttributes attributes;
+    C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    TORCH_CHECK(C::kSmemBytes + attributes.sharedSizeBytes <= prop.sharedMemPerBlockOptin,
+                "tree_verify_attention: the kernel for head dims ", C::kDqk, "/", C::kDv, " needs ",
+                C::kSmemBytes + attributes.sharedSizeBytes, " bytes of shared memory; this GPU allows ",
+                prop.sharedMemPerBlockOptin, " per block");
     C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(prop.sharedMemPerBlockOptin)));
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, C::kThreads, C::smem_bytes(1)));
+                                        static_cast<int>(C::kSmemBytes)));
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&ctas, kernel, C::kThreads, C::kSmemBytes));
     TORCH_CHECK(ctas > 0, "tree_verify_attention: the kernel for head dims ", C::kDqk, "/", C::kDv,
                 " does not fit on this GPU");
     cached[device].store(ctas, std::memory_order_relaxed);
@@ -36,11 +42,7 @@ int ctas_per_sm(int device, const cudaDeviceProp& prop) {
 
 template <class C>
 void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
-  const size_t smem = C::smem_bytes(p.batch);
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
-  TORCH_CHECK(smem <= prop->sharedMemPerBlockOptin, "tree_verify_attention: a batch of ", p.batch,
-              " requests needs ", smem, " bytes of shared memory with head dims ", C::kDqk, "/", C::kDv,
-              "; this GPU allows ", prop->sharedMemPerBlockOptin, " per block");
   // A persistent grid: its size depends on the device only, never on the lengths of a batch.
   const int grid = prop->multiProcessorCount * ctas_per_sm<C>(q.get_device(), *prop);
 
@@ -51,26 +53,43 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   // Pieces: sum over row tiles of max(1, floor(n_tiles * grid / units)) <= grid + row tiles.
   const int64_t slots = grid + row_tiles;
   // One allocation per call from the caching allocator (graph-pool aware): partial outputs and their
-  // log-sum-exp, then one arrival counter per row tile. Only the counters need zeros: a memset node, where a
-  // persistent buffer would be an untracked live allocation in a captured graph's pool.
-  const int64_t floats = slots * C::kBlockM * (C::kDv + 1);
-  at::Tensor workspace = at::empty({floats + row_tiles}, q.options().dtype(at::kFloat));
+  // log-sum-exp, each CTA's schedule, then one arrival counter per row tile. Only the counters need zeros: a
+  // memset node, where a persistent buffer would be an untracked live allocation in a captured graph's pool.
+  const int64_t partial_floats = slots * C::kBlockM * (C::kDv + 1);
+  const int64_t schedule_floats = static_cast<int64_t>(grid) * 2 * (p.batch + 1) * 2;  // int64 = 2 floats
+  at::Tensor workspace = at::empty({partial_floats + schedule_floats + row_tiles}, q.options().dtype(at::kFloat));
   p.partial_out = workspace.data_ptr<float>();
   p.partial_lse = p.partial_out + slots * C::kBlockM * C::kDv;
-  p.row_tile_counters = reinterpret_cast<int*>(p.partial_out + floats);
+  p.schedule = reinterpret_cast<long long*>(p.partial_out + partial_floats);  // 8-byte aligned: even offset
+  p.row_tile_counters = reinterpret_cast<int*>(p.partial_out + partial_floats + schedule_floats);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
   C10_CUDA_CHECK(cudaMemsetAsync(p.row_tile_counters, 0, row_tiles * sizeof(int), stream));
   p.min_units_per_cta = kMinUnitsPerCta;
 
-  tree_verify_attention_kernel<C><<<grid, C::kThreads, smem, stream>>>(p);
+  tree_verify_attention_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// bf16 or fp16 instance of a head-dim family.
-template <template <typename> class Config>
+// The sm_90a wgmma kernels run on Hopper (sm_90) unless KDTREE_OPS_PORTABLE_MMA=1 asks for the portable
+// mma.sync path there (the GPU tests run both). Read at each launch: a host-side getenv, no device work.
+inline bool use_wgmma(const at::Tensor& q) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
+  if (prop->major != 9 || prop->minor != 0) return false;
+  const char* portable = std::getenv("KDTREE_OPS_PORTABLE_MMA");
+  return portable == nullptr || portable[0] == '\0' || portable[0] == '0';
+}
+
+// bf16 or fp16 instance of a head-dim family, on the wgmma or the portable path.
+template <template <typename> class Portable, template <typename> class Wgmma>
 void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q) {
-  if (q.scalar_type() == at::kBFloat16) launch_tree_verify<Config<__nv_bfloat16>>(p, q);
-  else launch_tree_verify<Config<__half>>(p, q);
+  const bool bf16 = q.scalar_type() == at::kBFloat16;
+  if (use_wgmma(q)) {
+    if (bf16) launch_tree_verify<Wgmma<__nv_bfloat16>>(p, q);
+    else launch_tree_verify<Wgmma<__half>>(p, q);
+  } else {
+    if (bf16) launch_tree_verify<Portable<__nv_bfloat16>>(p, q);
+    else launch_tree_verify<Portable<__half>>(p, q);
+  }
 }
 
 // One per translation unit (tree_verify_<family>.cu), so the families compile in parallel.

@@ -47,6 +47,7 @@ struct TreeVerifyParams {
   float* partial_out;      // [pieces bound, BLOCK_M, Dv]: normalized partial outputs of split row tiles
   float* partial_lse;      // [pieces bound, BLOCK_M]: their log2-sum-exp
   int* row_tile_counters;  // [>= row tile bound], zeroed before each launch
+  long long* schedule;     // [grid, 2 * (B+1)]: each CTA's copy of the piece and row-tile prefix sums
   int min_units_per_cta;   // a piece has at least this many KV tiles (bounds split overhead)
 };
 

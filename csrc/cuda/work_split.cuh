@@ -38,7 +38,8 @@ __device__ __forceinline__ RequestInfo request_info(const TreeVerifyParams& p, i
   return r;
 }
 
-// Block-wide exclusive scan of f(b) over requests into out[0..B] (out[B] = total). All threads call it.
+// Block-wide exclusive scan of f(b) over requests into out[0..B] (out[B] = total; global memory, read back by
+// the same block after the scan's barriers). All threads call it.
 template <int kThreads, typename F>
 __device__ long long scan_requests(int batch, long long* out, F f) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block of whole warps");
@@ -68,8 +69,8 @@ __device__ long long scan_requests(int batch, long long* out, F f) {
 }
 
 struct Schedule {
-  long long* piece_start;  // [B+1] first piece of each request (shared memory)
-  long long* tile_start;   // [B+1] first row tile of each request (shared memory)
+  long long* piece_start;  // [B+1] first piece of each request (the CTA's own copy in the workspace)
+  long long* tile_start;   // [B+1] first row tile of each request
   long long units;         // (row tile, KV tile) pairs of the whole batch
 };
 
