@@ -170,6 +170,34 @@ def test_big(ops, name):
     check_case(ops, make_verify_case(**kwargs))
 
 
+# --- the portable path where wgmma is the default -------------------------------------------------------
+
+
+PORTABLE_CASES = {
+    # name: make_verify_case arguments. On Hopper the default is the wgmma kernel; these run the mma.sync
+    # kernel that sm_80 and sm_120 use, on every family.
+    "hd64_g8_separate": dict(tree_sizes=[37, 64], prefix_lens=[300, 0], num_q_heads=16, num_kv_heads=2,
+                             head_dim_qk=64, head_dim_v=64, draft_mode="separate"),
+    "hd128_g4_strided": dict(tree_sizes=[1, 64, 0], prefix_lens=[5000, 129, 50], num_q_heads=32, num_kv_heads=8,
+                             head_dim_qk=128, head_dim_v=128, layout="strided", pad_rows=3),
+    "hd256_g16_fp16": dict(tree_sizes=[100], prefix_lens=[2000], num_q_heads=16, num_kv_heads=1,
+                           head_dim_qk=256, head_dim_v=256, dtype=torch.float16),
+    "mla_h16_separate": dict(tree_sizes=[64, 17], prefix_lens=[3000, 0], num_q_heads=16, num_kv_heads=1,
+                             head_dim_qk=576, head_dim_v=512, layout="mla", draft_mode="separate"),
+    "mla_h128_cache": dict(tree_sizes=[20], prefix_lens=[500], num_q_heads=128, num_kv_heads=1, head_dim_qk=576,
+                           head_dim_v=512, layout="mla"),
+}
+
+
+@pytest.mark.parametrize("name", list(PORTABLE_CASES))
+def test_portable_mma_path(ops, name, monkeypatch):
+    """KDTREE_OPS_PORTABLE_MMA=1 (read at each launch) selects the mma.sync kernels."""
+    monkeypatch.setenv("KDTREE_OPS_PORTABLE_MMA", "1")
+    kwargs = dict(dtype=torch.bfloat16, device="cuda", generator=gen(len(name) + 1))
+    kwargs.update(PORTABLE_CASES[name])
+    check_case(ops, make_verify_case(**kwargs))
+
+
 # --- helpers at the kernels' limits --------------------------------------------------------------------
 
 

@@ -6,7 +6,8 @@ share one build: they serialize on a file lock and re-check for the finished lib
 
 Environment:
   KDTREE_OPS_CACHE_DIR    where builds live (default: $XDG_CACHE_HOME/kdtree_ops or ~/.cache/kdtree_ops)
-  KDTREE_OPS_CUDA_ARCHS   CUDA targets, e.g. "90a;120" (default: the visible GPUs', or 90a;120 with none)
+  KDTREE_OPS_CUDA_ARCHS   CUDA targets, e.g. "90a;120" (default: the visible GPUs', or 90a;120 with none;
+                          90 builds as 90a, which the wgmma kernels need)
   KDTREE_OPS_CPU_ONLY=1   build the CPU kernels only, even where nvcc is found
   KDTREE_OPS_VERBOSE=1    show the compiler commands
 """
@@ -69,7 +70,8 @@ def cuda_home() -> Path | None:
 def cuda_archs() -> list[str]:
     """CUDA targets to build: KDTREE_OPS_CUDA_ARCHS, else the visible GPUs' (sm_90 builds as 90a)."""
     if os.environ.get("KDTREE_OPS_CUDA_ARCHS"):
-        return [a.strip() for a in re.split(r"[;, ]+", os.environ["KDTREE_OPS_CUDA_ARCHS"]) if a.strip()]
+        archs = [a.strip() for a in re.split(r"[;, ]+", os.environ["KDTREE_OPS_CUDA_ARCHS"]) if a.strip()]
+        return ["90a" if a == "90" else a for a in archs]  # Hopper's kernels need the wgmma target
     if torch.cuda.is_available():
         archs = set()
         for i in range(torch.cuda.device_count()):

@@ -2,8 +2,8 @@
 // TreeVerifyConfig<T, Dqk, Dv, BLOCK_M, BLOCK_N, WARPS_N, M_TILES_PER_WARP, STAGES, WGMMA>: a portable mma.sync
 // configuration and an sm_90a wgmma one per family.
 //
-// Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md; G1 / G2 / M1 / M2 in us),
-// one change at a time:
+// Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md, one change at a time).
+// Portable mma.sync kernel (G1 / G2 / M1 / M2 in us):
 //   first version (a kv_indices read per 16-byte chunk, inline)         136 / 652 / 253 / 1079
 //   key sources staged in shared memory one tile ahead                   125 / 525 / 241 /  915
 //   merge with all loads of a piece in flight; scale/mask/tanh as
@@ -12,9 +12,24 @@
 //   pieces aligned across the row tiles of a request (ncu on G2 before:
 //     L2 hit rate 4.7 %, every row tile re-read K/V from DRAM) and
 //     sized by each request's share of the grid                           53 / 280 / 134 /  732
-// What bounds it now (ncu, G2): 255 registers per thread leave 2 CTAs = 8 warps per SM, about 0.13 warp
-// instructions issue per scheduler cycle: latency-bound. Next: two m16 tiles per warp (BLOCK_M 128: half the
-// K/V shared-memory reads per FLOP), fewer registers for more warps, and a wgmma path on sm_90a (MLA first).
+// sm_90a wgmma kernel (G1 / G2 / G4 / G5 / M1 / M2 / M5 in us):
+//   wgmma GEMMs, same loop as the portable kernel                 42 / 159 / 160 / 154 / 138 / 685 / 1273
+//   K/V row pointers staged instead of slots (the gather had cost
+//     ~37 SASS instructions per 16-byte copy), exp2 as one MUFU with
+//     the scale in its FMA, MLA tiles of 64 keys without V tiles          38 / 132 / 134 / 124 / 122 / 547 / 987
+//   descriptors stepped by constants in uniform registers (the S GEMM
+//     had cost 524 instructions per tile for 36 HGMMA), O rescaled only
+//     when a row maximum moved                                            37 / 127 / 127 / 117 / 118 / 511 / 916
+//   narrow configuration for short trees (G4: 16 tokens x 4 heads
+//     filled half of a 128-row tile; 64-row tiles took 159 -> 103 us)
+//     and 8 threads per K/V row in the gather (full 128-byte lines,
+//     one pointer read per row per thread)                                36 / 121 /  93 / 111 / 110 / 440 / 765
+//   tried: 64-row tiles for every GQA shape (two CTAs per SM): G2 163 us; 128 x 64 tiles, 3 stages: G2 184 us.
+// What bounds it now (ncu, G2 and M2): one CTA of 8 warps per SM (255 registers), about 0.35 warp instructions
+// issued per scheduler cycle, "wait" (fixed-latency dependency) the top stall: the GEMMs are issued and waited
+// for synchronously, so the softmax of a tile never overlaps a GEMM. Next: overlap them (the next tile's S GEMM
+// during this tile's softmax, or two warpgroups in ping-pong with mbarrier-tracked stages instead of one CTA
+// barrier per tile), which needs a producer/consumer pipeline in place of the all-threads cp.async loop.
 #pragma once
 
 #include "tree_verify_kernel.cuh"
@@ -39,6 +54,11 @@ template <typename T> using MlaConfig = TreeVerifyConfig<T, 576, 512, 64, 32, 2,
 template <typename T> using Hd64Wgmma = TreeVerifyConfig<T, 64, 64, 128, 128, 1, 1, 2, true>;
 template <typename T> using Hd128Wgmma = TreeVerifyConfig<T, 128, 128, 128, 128, 1, 1, 2, true>;
 template <typename T> using Hd256Wgmma = TreeVerifyConfig<T, 256, 256, 128, 64, 1, 1, 2, true>;
+// Short trees (at most 64 packed rows per request, e.g. 16 tokens x 4 heads) would leave half of a 128-row
+// tile empty: one warpgroup per CTA and 64-key tiles, two CTAs per SM.
+template <typename T> using Hd64WgmmaNarrow = TreeVerifyConfig<T, 64, 64, 64, 64, 1, 1, 2, true>;
+template <typename T> using Hd128WgmmaNarrow = TreeVerifyConfig<T, 128, 128, 64, 64, 1, 1, 2, true>;
+template <typename T> using Hd256WgmmaNarrow = TreeVerifyConfig<T, 256, 256, 64, 64, 1, 1, 2, true>;
 // MLA: two warpgroups split S's 64 keys (wgmma N = 32) and O's 512 columns (N = 256, P through shared memory).
 // Q 72 KiB + 2 x K 72 KiB + P 8 KiB fill the shared memory, so there are no V tiles: V is the K tile's first
 // 512 columns (separate draft V is loaded over them after S).

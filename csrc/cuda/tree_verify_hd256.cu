@@ -1,6 +1,8 @@
-// Instances of the tree-verify kernel for the Hd256Config and Hd256Wgmma families (bf16 and fp16).
+// Instances of the tree-verify kernel for the Hd256 family: portable, wgmma and narrow wgmma (bf16, fp16).
 #include "tree_verify_launch.cuh"
 
 namespace kdtree::cuda {
-void tree_verify_hd256(const TreeVerifyParams& p, const at::Tensor& q) { launch_tree_verify_family<Hd256Config, Hd256Wgmma>(p, q); }
+void tree_verify_hd256(const TreeVerifyParams& p, const at::Tensor& q) {
+  launch_tree_verify_family<Hd256Config, Hd256Wgmma, Hd256WgmmaNarrow>(p, q);
+}
 }  // namespace kdtree::cuda

@@ -84,6 +84,10 @@ struct TreeVerifyCta {
   const int tid = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wn = (warp / 4) % C::kWarpsN;                  // key split (S) / column split (PV)
   const int wm = (warp / 4 / C::kWarpsN) * 4 + warp % 4;  // row group of MTILES x 16 rows
+  // The warpgroup, broadcast from lane 0 so the compiler sees it warp-uniform: the wgmma descriptors built
+  // from it then live in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+  const int wg_row0 = wg / C::kWarpsN * 64, wg_n = wg % C::kWarpsN;  // first row; key / column split
 
   __device__ TreeVerifyCta(const TreeVerifyParams& params, char* smem) : p(params) {
     sQ = reinterpret_cast<T*>(smem);
@@ -147,19 +151,28 @@ struct TreeVerifyCta {
       if (!v_from_k) load_rows<C::kChunksV>(sVRow + stage * C::kBlockN, sV + stage * (C::kBlockN * C::kDv));
   }
 
+  // Eight threads copy a row (a warp: four full 128-byte lines per instruction); thread q takes chunk q of
+  // each 64-column block. Rows of one thread are kThreads / 8 apart, a multiple of 8, so its swizzled
+  // position is the same in every row and block: one pointer read per row, constant offsets otherwise.
   template <int kChunks>
   __device__ __forceinline__ void load_rows(const T* const* rows, T* dst) {
-    static_assert(C::kBlockN * kChunks % C::kThreads == 0, "threads tile the KV tile");
-    // Unrolled for the GQA head dims; for MLA's 72-chunk rows the hoisted pointer reads would cost registers.
-    constexpr int kUnroll = kChunks > 32 ? 1 : C::kBlockN * kChunks / C::kThreads;
-#pragma unroll kUnroll
-    for (int k = 0; k < C::kBlockN * kChunks / C::kThreads; ++k) {
-      const int i = tid + k * C::kThreads, row = i / kChunks, chunk = i % kChunks;
+    constexpr int kRowsPerPass = C::kThreads / 8;
+    static_assert(C::kBlockN % kRowsPerPass == 0 && kRowsPerPass % 8 == 0 && kChunks % 8 == 0,
+                  "threads tile the KV tile's rows");
+    const int q = tid % 8, row0 = tid / 8;
+    const int position = (q ^ row0) & 7;
+#pragma unroll
+    for (int pass = 0; pass < C::kBlockN / kRowsPerPass; ++pass) {
+      const int row = row0 + pass * kRowsPerPass;
       const T* src = rows[row];
-      cp_async_16(dst + swizzle(row, chunk, C::kBlockN) * 8, src != nullptr ? src + chunk * 8 : dst_fallback(),
-                  src != nullptr);
+      const bool valid = src != nullptr;
+#pragma unroll
+      for (int block = 0; block < kChunks / 8; ++block)
+        cp_async_16(dst + block * C::kBlockN * 64 + row * 64 + position * 8,
+                    valid ? src + block * 64 + q * 8 : dst_fallback(), valid);
     }
   }
+
   // Any valid global address: a zero-filling copy reads nothing from it.
   __device__ const T* dst_fallback() const { return static_cast<const T*>(p.q); }
 
@@ -297,6 +310,7 @@ struct TreeVerifyCta {
   __device__ void compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[MI][NO][4],
                                float (&m_run)[MI][2], float (&l_run)[MI][2],
                                const uint32_t* const (&mask_row)[MI][2]) {
+    stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform for the compiler (see wg)
     const int k0 = kt * C::kBlockN;
     const bool masked = k0 + C::kBlockN > r.prefix_len;  // reaches draft columns or the end of the keys
     const T* k_tile = sK + stage * (C::kBlockN * C::kDqk);
@@ -428,6 +442,8 @@ struct TreeVerifyCta {
     }
 
     // Online softmax: rescale what was accumulated, exponentiate this tile.
+    float corrections[MI][2];
+    bool rescale = false;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
@@ -446,9 +462,21 @@ struct TreeVerifyCta {
             sum += pv;
           }
         l_run[mi][half] = l_run[mi][half] * correction + sum;
-#pragma unroll
-        for (int n = 0; n < NO; ++n) o[mi][n][2 * half] *= correction, o[mi][n][2 * half + 1] *= correction;
+        corrections[mi][half] = correction;
+        rescale |= correction != 1.f;
       }
+    // Once the row maxima settle, most tiles move none of them: the warp then skips rescaling O.
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int n = 0; n < NO; ++n) {
+            o[mi][n][2 * half] *= corrections[mi][half];
+            o[mi][n][2 * half + 1] *= corrections[mi][half];
+          }
+    }
 
     if constexpr (C::kWarpsN == 1) {
       if constexpr (!C::kVTile)
@@ -504,48 +532,55 @@ struct TreeVerifyCta {
 
   // wgmma GEMMs of this warp's warpgroup: rows [64 * (wm / 4), +64), the warpgroup's keys (S) or output
   // columns (PV). Issued, committed and waited for at once: the softmax between them needs the results.
+  // Each GEMM builds its descriptors once and steps them by compile-time offsets (a 14-bit address field in
+  // 16-byte units that shared memory never overflows).
   static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   static constexpr uint32_t kGroupBytes = 8 * 128;  // 8 swizzled rows of 128 bytes
+  // Descriptor step to k-slice kk (16 columns) of a K-major tile with `rows` rows: 64-column blocks are
+  // `rows` x 128 bytes apart, 16-column slices 32 bytes apart within a block.
+  static constexpr uint64_t k_major_step(int kk, int rows) { return ((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4; }
 
   // S = Q Kᵀ: Q and K both K-major (rows of Dqk).
   __device__ __forceinline__ void qk_wgmma(const T* k_tile, float (&s)[MI][NS][4]) {
-    const int row0 = (wm / 4) * 64, key0 = wn * C::kKeysPerWarp;
+    const uint64_t q_desc = smem_desc(sQ + wg_row0 * 64, 16, kGroupBytes);
+    const uint64_t k_desc = smem_desc(k_tile + wg_n * C::kKeysPerWarp * 64, 16, kGroupBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kDqk / 16; ++kk)
-      Wgmma<C::kKeysPerWarp>::template ss<kBf16, 0>(
-          &s[0][0][0], smem_desc(sQ + swizzle(row0, kk * 2, C::kBlockM) * 8, 16, kGroupBytes),
-          smem_desc(k_tile + swizzle(key0, kk * 2, C::kBlockN) * 8, 16, kGroupBytes), kk > 0);
+      Wgmma<C::kKeysPerWarp>::template ss<kBf16, 0>(&s[0][0][0], q_desc + k_major_step(kk, C::kBlockM),
+                                                    k_desc + k_major_step(kk, C::kBlockN), kk > 0);
     wgmma_commit();
     wgmma_wait_all();
   }
 
-  // V as the N-major B operand: 16 keys from kk * 16, this warpgroup's Dv columns (64-column blocks
-  // C::kBlockN rows apart).
-  __device__ __forceinline__ uint64_t v_desc(const T* v_tile, int kk) const {
-    return smem_desc(v_tile + swizzle(kk * 16, wn * C::kDvPerWarp / 8, C::kBlockN) * 8, C::kBlockN * 128,
-                     kGroupBytes);
+  // V as the N-major B operand: this warpgroup's Dv columns (64-column blocks C::kBlockN rows apart), 16 keys
+  // (2 groups of 8 rows) per k-slice.
+  __device__ __forceinline__ uint64_t v_desc(const T* v_tile) const {
+    return smem_desc(v_tile + (wg_n * C::kDvPerWarp / 64) * C::kBlockN * 64, C::kBlockN * 128, kGroupBytes);
   }
+  static constexpr uint64_t v_step(int kk) { return (kk * 2 * kGroupBytes) >> 4; }
 
   // O += P V with P in registers (WARPS_N = 1).
   __device__ __forceinline__ void pv_wgmma_regs(const uint32_t (&a)[C::kBlockN / 16][MI][4], const T* v_tile,
                                                 float (&o)[MI][NO][4]) {
+    const uint64_t desc = v_desc(v_tile);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-      Wgmma<C::kDvPerWarp>::template rs<kBf16, 1>(&o[0][0][0], a[kk][0], v_desc(v_tile, kk), 1);
+      Wgmma<C::kDvPerWarp>::template rs<kBf16, 1>(&o[0][0][0], a[kk][0], desc + v_step(kk), 1);
     wgmma_commit();
     wgmma_wait_all();
   }
 
   // O += P V with P shared through shared memory (WARPS_N > 1), K-major like Q.
   __device__ __forceinline__ void pv_wgmma_smem(const T* v_tile, float (&o)[MI][NO][4]) {
-    const int row0 = (wm / 4) * 64;
+    const uint64_t p_desc = smem_desc(sP + wg_row0 * 64, 16, kGroupBytes);
+    const uint64_t desc = v_desc(v_tile);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-      Wgmma<C::kDvPerWarp>::template ss<kBf16, 1>(
-          &o[0][0][0], smem_desc(sP + swizzle(row0, kk * 2, C::kBlockM) * 8, 16, kGroupBytes), v_desc(v_tile, kk), 1);
+      Wgmma<C::kDvPerWarp>::template ss<kBf16, 1>(&o[0][0][0], p_desc + k_major_step(kk, C::kBlockM),
+                                                  desc + v_step(kk), 1);
     wgmma_commit();
     wgmma_wait_all();
   }

@@ -79,16 +79,22 @@ inline bool use_wgmma(const at::Tensor& q) {
   return portable == nullptr || portable[0] == '\0' || portable[0] == '0';
 }
 
-// bf16 or fp16 instance of a head-dim family, on the wgmma or the portable path.
-template <template <typename> class Portable, template <typename> class Wgmma>
+// bf16 or fp16 instance of a head-dim family, on the wgmma or the portable path. On the wgmma path, batches
+// of short trees (at most 64 packed rows per request on average: a function of the shapes, so one captured
+// graph always takes the same kernel) take the narrow configuration.
+template <template <typename> class Portable, template <typename> class Wgmma,
+          template <typename> class WgmmaNarrow = Wgmma>
 void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q) {
   const bool bf16 = q.scalar_type() == at::kBFloat16;
-  if (use_wgmma(q)) {
-    if (bf16) launch_tree_verify<Wgmma<__nv_bfloat16>>(p, q);
-    else launch_tree_verify<Wgmma<__half>>(p, q);
-  } else {
+  if (!use_wgmma(q)) {
     if (bf16) launch_tree_verify<Portable<__nv_bfloat16>>(p, q);
     else launch_tree_verify<Portable<__half>>(p, q);
+  } else if (static_cast<int64_t>(p.num_tokens) * p.group <= 64ll * p.batch) {
+    if (bf16) launch_tree_verify<WgmmaNarrow<__nv_bfloat16>>(p, q);
+    else launch_tree_verify<WgmmaNarrow<__half>>(p, q);
+  } else {
+    if (bf16) launch_tree_verify<Wgmma<__nv_bfloat16>>(p, q);
+    else launch_tree_verify<Wgmma<__half>>(p, q);
   }
 }
 
