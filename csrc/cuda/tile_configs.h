@@ -2,7 +2,11 @@
 // TreeVerifyConfig<T, Dqk, Dv, BLOCK_M, BLOCK_N, WARPS_N, M_TILES_PER_WARP, STAGES, WGMMA>: a portable mma.sync
 // configuration and an sm_90a wgmma one per family.
 //
-// Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md, one change at a time).
+// Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md, one change at a time) with a
+// development timing script: uniformly random parents, draft K/V in the cache, slots drawn from a pool twice the
+// need. `python -m kdtree_ops bench` (examples/results) is the reference; at the last step it measured
+// G1 37 / G2 117 / G4 93 / G5 111 / M1 84 / M2 247 / M5 381 us (best-first trees, separate draft K/V): the same
+// for GQA, faster for MLA, a difference not isolated yet.
 // Portable mma.sync kernel (G1 / G2 / M1 / M2 in us):
 //   first version (a kv_indices read per 16-byte chunk, inline)         136 / 652 / 253 / 1079
 //   key sources staged in shared memory one tile ahead                   125 / 525 / 241 /  915
