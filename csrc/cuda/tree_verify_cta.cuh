@@ -1,0 +1,527 @@
+// Tree-verify attention kernel: wgmma on sm_90a, mma.sync m16n8k16 (the portable path) on sm_80, sm_90a, sm_120.
+//
+// One CTA runs a contiguous range of (row tile, KV tile) units from the device-side work split
+// (work_split.cuh). A row tile packs BLOCK_M rows of (draft token x query head of one KV head), so one read
+// of a KV tile serves every head of the group. Per KV tile: S = Q Kᵀ on tensor cores, the tree mask only on
+// tiles that reach the draft columns (prefix tiles are mask-free), online softmax in fp32, O += P V.
+// Warps are laid out WARPS_M x WARPS_N: in the S phase the WARPS_N warps of a row group split the tile's
+// keys; in the PV phase they split the output columns (MLA's Dv = 512 does not fit one warp's registers),
+// exchanging row maxima and P through shared memory. With WARPS_N = 1 P stays in registers.
+// Warps come in groups of four (a warpgroup, wgmma's unit): the group shares one key/column split, each warp
+// owns 16 consecutive rows. wgmma leaves its accumulators in the same per-warp layout as mma.sync, so the
+// two paths differ only in how the two GEMMs are issued; the softmax, mask, stores and merge are shared.
+// A row tile split over several CTAs leaves normalized partial outputs and their log-sum-exp in the
+// workspace; the CTA that finishes last (atomic counter) merges them in a fixed order (deterministic).
+// This file: one CTA's state and its per-tile work (run_segment, compute_tile, the GEMMs). Its loads are in
+// tree_verify_loads.cuh, its stores and the merge of split pieces in tree_verify_stores.cuh.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <type_traits>
+
+#include "mma.cuh"
+#include "tree_mask_bits.cuh"
+#include "tree_verify_config.h"
+#include "tree_verify_params.h"
+#include "wgmma.cuh"
+#include "work_split.cuh"
+
+namespace kdtree::cuda {
+
+// 2^x in one MUFU instruction (flushes subnormal results to zero; exp2f adds range fix-ups around it).
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+template <class C>
+struct TreeVerifyCta {
+  using T = typename C::T;
+  static constexpr int MI = C::kMTilesPerWarp;
+  static constexpr int NS = C::kKeysPerWarp / 8;  // S n-tiles per warp
+  static constexpr int NO = C::kDvPerWarp / 8;    // O n-tiles per warp
+
+  const TreeVerifyParams& p;
+  T* sQ;
+  T* sK;
+  T* sV;
+  T* sP;
+  float* sRed;
+  const T** sKRow;  // [STAGES][BLOCK_N] where each key's K row is (key_rows); nullptr: past the keys
+  const T** sVRow;  // same for V rows (configurations with V tiles)
+  int* sFlag;
+  const int tid = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wn = (warp / 4) % C::kWarpsN;                  // key split (S) / column split (PV)
+  const int wm = (warp / 4 / C::kWarpsN) * 4 + warp % 4;  // row group of MTILES x 16 rows
+  // The warpgroup, broadcast from lane 0 so the compiler sees it warp-uniform: the wgmma descriptors built
+  // from it then live in uniform registers.
+  const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
+  const int wg_row0 = wg / C::kWarpsN * 64, wg_n = wg % C::kWarpsN;  // first row; key / column split
+
+  __device__ TreeVerifyCta(const TreeVerifyParams& params, char* smem) : p(params) {
+    sQ = reinterpret_cast<T*>(smem);
+    sK = reinterpret_cast<T*>(smem + C::kQBytes);
+    sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKBytes);
+    sP = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
+    sRed = reinterpret_cast<float*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes) + C::kPBytes);
+    sKRow = reinterpret_cast<const T**>(smem + C::kFixedSmem - 16 - C::kSrcBytes);
+    sVRow = sKRow + C::kStages * C::kBlockN;
+    sFlag = reinterpret_cast<int*>(smem + C::kFixedSmem - 16);
+  }
+
+  __device__ int64_t slot(int i) const {
+    return p.kv_indices_int64 ? static_cast<const int64_t*>(p.kv_indices)[i]
+                              : static_cast<int64_t>(static_cast<const int32_t*>(p.kv_indices)[i]);
+  }
+
+  // Q rows of the tile: row r is token (m0 + r) / G, query head h * G + (m0 + r) % G.
+  __device__ void load_q(const RequestInfo& r, int h, int m0);
+
+  struct KeyRows {
+    const T* k;
+    const T* v;
+  };
+  // Where the K and V rows (KV head h) of key j of the request are: cache slot kv_indices[kv_start + j] for
+  // j < L_b (for every key, with draft K/V in the cache), else row qo_start + j - L_b of k_draft/v_draft;
+  // nullptr past the keys (zero-filled).
+  __device__ KeyRows key_rows(const RequestInfo& r, int h, int j) const;
+  __device__ void stage_rows(int i, const KeyRows& rows) {
+    sKRow[i] = rows.k;
+    if constexpr (C::kVTile) sVRow[i] = rows.v;
+  }
+
+  // KV tile into `stage`, from the row pointers staged in shared memory (found an iteration ahead, so the
+  // index reads hide behind the tensor cores): one pointer read and one 16-byte copy per chunk.
+  __device__ void load_kv(int stage, bool v_from_k);
+
+  // Eight threads copy a row (a warp: four full 128-byte lines per instruction); thread q takes chunk q of
+  // each 64-column block. Rows of one thread are kThreads / 8 apart, a multiple of 8, so its swizzled
+  // position is the same in every row and block: one pointer read per row, constant offsets otherwise.
+  template <int kChunks>
+  __device__ __forceinline__ void load_rows(const T* const* rows, T* dst);
+
+  // Any valid global address: a zero-filling copy reads nothing from it.
+  __device__ const T* dst_fallback() const { return static_cast<const T*>(p.q); }
+
+  // V rows of draft tile kt over the K tile's first Dv columns, for configurations without V tiles where V
+  // does not alias K there. Every warp calls it, after its S GEMM; a rare path (separate draft V only).
+  __device__ void load_v_over_k(const RequestInfo& r, int h, int kt, T* k_tile);
+
+  // V of tile `kt` is the K tile's first Dv columns (MLA's latent cache), so it needs no load of its own.
+  __device__ bool v_from_k(const RequestInfo& r, int kt) const {
+    if (!p.cache_v_aliases_k) return false;
+    const bool reaches_draft = (kt + 1) * C::kBlockN > r.prefix_len;
+    return !reaches_draft || p.k_draft == nullptr || p.draft_v_aliases_k;
+  }
+
+  // Row tile (head h, m tile mt) over KV tiles [kt0, kt1): piece `piece` of the `pieces` (from first_piece on)
+  // that cover the row tile's keys. A whole row tile is written out; a part leaves a partial in slot `piece`.
+  __device__ void run_segment(const RequestInfo& r, int h, int mt, int kt0, int kt1, int row_tile,
+                              long long first_piece, int pieces, long long piece) {
+    const int m0 = mt * C::kBlockM;
+    float o[MI][NO][4];
+    float m_run[MI][2], l_run[MI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi) {
+#pragma unroll
+      for (int n = 0; n < NO; ++n) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.f;
+      m_run[mi][0] = m_run[mi][1] = -INFINITY;
+      l_run[mi][0] = l_run[mi][1] = 0.f;
+    }
+    // Mask row of each of this thread's rows (nullptr: padding row past T_b * G, sees nothing).
+    const uint32_t* mask_row[MI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int packed = m0 + (wm * MI + mi) * 16 + (lane >> 2) + 8 * half;
+        mask_row[mi][half] = packed < r.tree_len * p.group
+                                 ? p.tree_mask + (r.qo_start + packed / p.group) * p.mask_row_stride
+                                 : nullptr;
+      }
+
+    __syncthreads();  // the previous segment is done with shared memory
+    // Row pointers of the first STAGES tiles; later ones are found one iteration ahead.
+    for (int i = tid; i < C::kStages * C::kBlockN; i += C::kThreads) {
+      const int kt = kt0 + i / C::kBlockN;
+      stage_rows(i, kt < kt1 ? key_rows(r, h, kt * C::kBlockN + i % C::kBlockN) : KeyRows{nullptr, nullptr});
+    }
+    __syncthreads();
+    load_q(r, h, m0);
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (kt0 + s < kt1) load_kv(s, v_from_k(r, kt0 + s));
+      cp_async_commit();
+    }
+
+    for (int kt = kt0; kt < kt1; ++kt) {
+      const int stage = (kt - kt0) % C::kStages;
+      cp_async_wait<C::kStages - 2>();
+      if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads the landed tile through the async proxy
+      __syncthreads();  // tile kt landed for everyone; everyone is done with tile kt - 1
+      {
+        const int next = kt + C::kStages - 1;
+        if (next < kt1) load_kv((next - kt0) % C::kStages, v_from_k(r, next));
+        cp_async_commit();
+      }
+      // The rows of tile kt + STAGES go where tile kt's were (its loads are issued); stored after the compute,
+      // so the index read is in flight meanwhile.
+      const int ahead = kt + C::kStages;
+      KeyRows ahead_rows{nullptr, nullptr};
+      if (tid < C::kBlockN && ahead < kt1) ahead_rows = key_rows(r, h, ahead * C::kBlockN + tid);
+      compute_tile(r, h, kt, stage, o, m_run, l_run, mask_row);
+      if (tid < C::kBlockN) stage_rows(stage * C::kBlockN + tid, ahead_rows);
+    }
+    cp_async_wait<0>();
+
+    // Row sums: each thread summed its own columns; add the quad's, then the other WARPS_N warps'.
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float l = l_run[mi][half];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        l_run[mi][half] = l;
+      }
+    if constexpr (C::kWarpsN > 1) {
+      __syncthreads();  // the last tile's maxima are read
+      across_warps(l_run, 0.f, [](float a, float b) { return a + b; });
+    }
+
+    if (pieces == 1) {
+      store_output(r, h, m0, o, l_run);
+    } else {
+      store_partial(r, m0, o, m_run, l_run, piece);
+      __threadfence();
+      __syncthreads();
+      if (tid == 0) {
+        const int done = atomicAdd(p.row_tile_counters + row_tile, 1);
+        const bool last = done == pieces - 1;
+        *sFlag = last;
+      }
+      __syncthreads();
+      if (*sFlag) {
+        __threadfence();
+        combine(r, h, m0, first_piece, pieces);
+      }
+    }
+  }
+
+  // Folds a per-row value (each quad's copy) over the WARPS_N warps of the row group with `op`, through sRed.
+  // The caller orders it after the previous readers of sRed.
+  template <class Op>
+  __device__ __forceinline__ void across_warps(float (&v)[MI][2], float init, Op op) {
+    auto at = [&](int w, int mi, int half) -> float& {
+      return sRed[w * C::kBlockM + (wm * MI + mi) * 16 + (lane >> 2) + 8 * half];
+    };
+    if ((lane & 3) == 0)
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) at(wn, mi, half) = v[mi][half];
+    __syncthreads();
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float acc = init;
+        for (int w = 0; w < C::kWarpsN; ++w) acc = op(acc, at(w, mi, half));
+        v[mi][half] = acc;
+      }
+  }
+
+  __device__ void compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[MI][NO][4],
+                               float (&m_run)[MI][2], float (&l_run)[MI][2],
+                               const uint32_t* const (&mask_row)[MI][2]) {
+    stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform for the compiler (see wg)
+    const int k0 = kt * C::kBlockN;
+    const bool masked = k0 + C::kBlockN > r.prefix_len;  // reaches draft columns or the end of the keys
+    const T* k_tile = sK + stage * (C::kBlockN * C::kDqk);
+    const bool v_k = v_from_k(r, kt);
+    // Same swizzle either way: V is K's first columns.
+    const T* v_tile = v_k || !C::kVTile ? k_tile : sV + stage * (C::kBlockN * C::kDv);
+
+    // Visibility of this warp's keys (64-column windows from its first key) for each of this thread's rows,
+    // and whether the warp's rows see anything there.
+    constexpr int kVisWords = (C::kKeysPerWarp + 63) / 64;
+    const int key0 = k0 + wn * C::kKeysPerWarp;
+    uint64_t vis[MI][2][kVisWords];
+    bool warp_sees = true;
+    if (masked) {
+      bool any = false;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int w = 0; w < kVisWords; ++w) {
+            const uint64_t bits = mask_row[mi][half] == nullptr
+                                      ? 0ull
+                                      : visible_columns(mask_row[mi][half], p.mask_words, key0 + 64 * w,
+                                                        r.prefix_len, r.kv_len);
+            vis[mi][half][w] = bits;
+            any |= (C::kKeysPerWarp >= 64 ? bits : (bits & ((1ull << C::kKeysPerWarp) - 1))) != 0;
+          }
+      warp_sees = __any_sync(0xffffffffu, any);
+    }
+    // A fully masked tree tile costs a warp no tensor-core work on the mma.sync path; wgmma is issued by the
+    // whole warpgroup, so there every warp computes (the mask then hides what it must).
+    const bool skip_tile = !C::kWgmma && !warp_sees;
+
+    float s[MI][NS][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int n = 0; n < NS; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.f;
+    if constexpr (C::kWgmma) {
+      qk_wgmma(k_tile, s);
+    } else if (!skip_tile) {
+#pragma unroll
+      for (int kk = 0; kk < C::kDqk / 16; ++kk) {
+        uint32_t a[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          ldmatrix_x4(a[mi], sQ + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
+#pragma unroll
+        for (int nj = 0; nj < NS / 2; ++nj) {
+          uint32_t b[4];
+          const int key = wn * C::kKeysPerWarp + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(b, k_tile + swizzle(key, kk * 2 + ((lane >> 3) & 1), C::kBlockN) * 8);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            mma_16816<T>(s[mi][2 * nj], a[mi], b[0], b[1]);
+            mma_16816<T>(s[mi][2 * nj + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+    }
+
+    // Scores into the log2 domain (uniform branches: each variant is one tight loop), then the mask. A positive
+    // scale is folded into the exponent's FMA instead (the max commutes with it): one instruction per score.
+    float score_scale = 1.f;
+    if (p.logit_cap > 0.f) {
+      const float inner = p.sm_scale / p.logit_cap, outer = p.logit_cap * 1.4426950408889634f;
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][n][e] = outer * tanhf(s[mi][n][e] * inner);
+    } else if (p.scale_log2 > 0.f) {
+      score_scale = p.scale_log2;
+    } else {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[mi][n][e] *= p.scale_log2;
+    }
+    if (masked) {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          // Bit (n % 8) * 8 + e of mine[n / 8] is this thread's key n * 8 + 2 * (lane % 4) + e of the warp.
+          uint64_t mine[kVisWords];
+#pragma unroll
+          for (int w = 0; w < kVisWords; ++w) mine[w] = warp_sees ? vis[mi][half][w] >> (2 * (lane & 3)) : 0ull;
+#pragma unroll
+          for (int n = 0; n < NS; ++n)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (!((mine[n / 8] >> ((n % 8) * 8 + e)) & 1ull)) s[mi][n][2 * half + e] = -INFINITY;
+        }
+    }
+    float tile_max[MI][2];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float mx = -INFINITY;
+#pragma unroll
+        for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[mi][n][2 * half], s[mi][n][2 * half + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        tile_max[mi][half] = mx;
+      }
+    if constexpr (C::kWarpsN > 1) across_warps(tile_max, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
+
+    // Online softmax: rescale what was accumulated, exponentiate this tile.
+    float corrections[MI][2];
+    bool rescale = false;
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float m_new = fmaxf(m_run[mi][half], tile_max[mi][half] * score_scale);
+        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: keep zeros, no NaN
+        const float correction = fast_exp2(m_run[mi][half] - m_use);
+        m_run[mi][half] = m_new;
+        float sum = 0.f;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const float pv = fast_exp2(fmaf(s[mi][n][2 * half + e], score_scale, -m_use));
+            s[mi][n][2 * half + e] = pv;
+            sum += pv;
+          }
+        l_run[mi][half] = l_run[mi][half] * correction + sum;
+        corrections[mi][half] = correction;
+        rescale |= correction != 1.f;
+      }
+    // Once the row maxima settle, most tiles move none of them: the warp then skips rescaling O.
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int half = 0; half < 2; ++half)
+#pragma unroll
+          for (int n = 0; n < NO; ++n) {
+            o[mi][n][2 * half] *= corrections[mi][half];
+            o[mi][n][2 * half + 1] *= corrections[mi][half];
+          }
+    }
+
+    if constexpr (C::kWarpsN == 1) {
+      if constexpr (!C::kVTile)
+        if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
+      if (skip_tile) return;  // P is all zeros
+      uint32_t a[C::kBlockN / 16][MI][4];  // P as A fragments (the S accumulator layout, rounded to T)
+#pragma unroll
+      for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi) {
+          a[kk][mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+          a[kk][mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+          a[kk][mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+          a[kk][mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+        }
+      if constexpr (C::kWgmma) {
+        pv_wgmma_regs(a, v_tile, o);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < C::kBlockN / 16; ++kk) pv_step(a[kk], v_tile, kk, o);
+      }
+    } else {
+      // Share P: the PV phase needs every key of the row group, the S phase split them across warps.
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            const int row = (wm * MI + mi) * 16 + (lane >> 2) + 8 * half;
+            const int col = wn * C::kKeysPerWarp + n * 8 + 2 * (lane & 3);
+            *reinterpret_cast<uint32_t*>(sP + swizzle(row, col / 8, C::kBlockM) * 8 + col % 8) =
+                pack2<T>(s[mi][n][2 * half], s[mi][n][2 * half + 1]);
+          }
+      if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads P through the async proxy
+      __syncthreads();
+      if constexpr (!C::kVTile)
+        if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
+      if constexpr (C::kWgmma) {
+        pv_wgmma_smem(v_tile, o);
+      } else {
+#pragma unroll
+        for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+          uint32_t a[MI][4];
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi)
+            ldmatrix_x4(a[mi], sP + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
+          pv_step(a, v_tile, kk, o);
+        }
+      }
+    }
+  }
+
+  // wgmma GEMMs of this warp's warpgroup: rows [64 * (wm / 4), +64), the warpgroup's keys (S) or output
+  // columns (PV). Issued, committed and waited for at once: the softmax between them needs the results.
+  // Each GEMM builds its descriptors once and steps them by compile-time offsets (a 14-bit address field in
+  // 16-byte units that shared memory never overflows).
+  static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
+  static constexpr uint32_t kGroupBytes = 8 * 128;  // 8 swizzled rows of 128 bytes
+  // Descriptor step to k-slice kk (16 columns) of a K-major tile with `rows` rows: 64-column blocks are
+  // `rows` x 128 bytes apart, 16-column slices 32 bytes apart within a block.
+  static constexpr uint64_t k_major_step(int kk, int rows) { return ((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4; }
+
+  // S = Q Kᵀ: Q and K both K-major (rows of Dqk).
+  __device__ __forceinline__ void qk_wgmma(const T* k_tile, float (&s)[MI][NS][4]) {
+    const uint64_t q_desc = smem_desc(sQ + wg_row0 * 64, 16, kGroupBytes);
+    const uint64_t k_desc = smem_desc(k_tile + wg_n * C::kKeysPerWarp * 64, 16, kGroupBytes);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kDqk / 16; ++kk)
+      Wgmma<C::kKeysPerWarp>::template ss<kBf16, 0>(&s[0][0][0], q_desc + k_major_step(kk, C::kBlockM),
+                                                    k_desc + k_major_step(kk, C::kBlockN), kk > 0);
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+
+  // V as the N-major B operand: this warpgroup's Dv columns (64-column blocks C::kBlockN rows apart), 16 keys
+  // (2 groups of 8 rows) per k-slice.
+  __device__ __forceinline__ uint64_t v_desc(const T* v_tile) const {
+    return smem_desc(v_tile + (wg_n * C::kDvPerWarp / 64) * C::kBlockN * 64, C::kBlockN * 128, kGroupBytes);
+  }
+  static constexpr uint64_t v_step(int kk) { return (kk * 2 * kGroupBytes) >> 4; }
+
+  // O += P V with P in registers (WARPS_N = 1).
+  __device__ __forceinline__ void pv_wgmma_regs(const uint32_t (&a)[C::kBlockN / 16][MI][4], const T* v_tile,
+                                                float (&o)[MI][NO][4]) {
+    const uint64_t desc = v_desc(v_tile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+      Wgmma<C::kDvPerWarp>::template rs<kBf16, 1>(&o[0][0][0], a[kk][0], desc + v_step(kk), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+
+  // O += P V with P shared through shared memory (WARPS_N > 1), K-major like Q.
+  __device__ __forceinline__ void pv_wgmma_smem(const T* v_tile, float (&o)[MI][NO][4]) {
+    const uint64_t p_desc = smem_desc(sP + wg_row0 * 64, 16, kGroupBytes);
+    const uint64_t desc = v_desc(v_tile);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+      Wgmma<C::kDvPerWarp>::template ss<kBf16, 1>(&o[0][0][0], p_desc + k_major_step(kk, C::kBlockM),
+                                                  desc + v_step(kk), 1);
+    wgmma_commit();
+    wgmma_wait_all();
+  }
+
+  // O[:, this warp's Dv columns] += P[:, keys kk*16 .. +16] V[keys, columns].
+  __device__ __forceinline__ void pv_step(const uint32_t (&a)[MI][4], const T* v_tile, int kk,
+                                          float (&o)[MI][NO][4]) {
+#pragma unroll
+    for (int nd = 0; nd < NO / 2; ++nd) {
+      uint32_t b[4];
+      const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+      const int chunk = (wn * C::kDvPerWarp + nd * 16) / 8 + (lane >> 4);
+      ldmatrix_x4_trans(b, v_tile + swizzle(key, chunk, C::kBlockN) * 8);
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        mma_16816<T>(o[mi][2 * nd], a[mi], b[0], b[1]);
+        mma_16816<T>(o[mi][2 * nd + 1], a[mi], b[2], b[3]);
+      }
+    }
+  }
+
+  __device__ void store_output(const RequestInfo& r, int h, int m0, const float (&o)[MI][NO][4],
+                               const float (&l_run)[MI][2]);
+
+  __device__ void store_partial(const RequestInfo& r, int m0, const float (&o)[MI][NO][4],
+                                const float (&m_run)[MI][2], const float (&l_run)[MI][2], long long slot);
+
+  // Merge the pieces of a split row tile (slots first_piece .. first_piece + pieces - 1). The merge is
+  // latency-bound, so the per-(piece, row) weights are staged in the idle K/V buffers first and every thread
+  // then keeps all its 16-byte partial loads of a piece in flight at once.
+  __device__ void combine(const RequestInfo& r, int h, int m0, long long first_piece, int pieces);
+};
+
+}  // namespace kdtree::cuda

@@ -1,0 +1,79 @@
+// Global -> shared copies of the tree-verify CTA (cp.async, 16 bytes each): the Q tile, the K/V tiles
+// gathered through kv_indices, and V over the K tile for configurations without V tiles.
+#pragma once
+
+#include "tree_verify_cta.cuh"
+
+namespace kdtree::cuda {
+
+template <class C>
+__device__ void TreeVerifyCta<C>::load_q(const RequestInfo& r, int h, int m0) {
+  const T* q = static_cast<const T*>(p.q);
+  static_assert(C::kBlockM * C::kChunksQK % C::kThreads == 0, "threads tile the Q tile");
+#pragma unroll
+  for (int k = 0; k < C::kBlockM * C::kChunksQK / C::kThreads; ++k) {
+    const int i = tid + k * C::kThreads, row = i / C::kChunksQK, chunk = i % C::kChunksQK;
+    const int packed = m0 + row;
+    const bool valid = packed < r.tree_len * p.group;
+    const int token = valid ? packed / p.group : 0, head = h * p.group + (valid ? packed % p.group : 0);
+    const T* src = q + (r.qo_start + token) * p.q_row_stride + head * p.q_head_stride + chunk * 8;
+    cp_async_16(sQ + swizzle(row, chunk, C::kBlockM) * 8, valid ? src : q, valid);
+  }
+}
+
+template <class C>
+__device__ auto TreeVerifyCta<C>::key_rows(const RequestInfo& r, int h, int j) const -> KeyRows {
+  if (j >= r.kv_len) return {nullptr, nullptr};
+  if (p.k_draft == nullptr || j < r.prefix_len) {
+    const int64_t s = slot(r.kv_start + j);
+    return {static_cast<const T*>(p.k_cache) + s * p.k_row_stride + h * p.k_head_stride,
+            static_cast<const T*>(p.v_cache) + s * p.v_row_stride + h * p.v_head_stride};
+  }
+  const int64_t d = r.qo_start + j - r.prefix_len;
+  return {static_cast<const T*>(p.k_draft) + d * p.kd_row_stride + h * p.kd_head_stride,
+          static_cast<const T*>(p.v_draft) + d * p.vd_row_stride + h * p.vd_head_stride};
+}
+
+template <class C>
+__device__ void TreeVerifyCta<C>::load_kv(int stage, bool v_from_k) {
+  load_rows<C::kChunksQK>(sKRow + stage * C::kBlockN, sK + stage * (C::kBlockN * C::kDqk));
+  if constexpr (C::kVTile)
+    if (!v_from_k) load_rows<C::kChunksV>(sVRow + stage * C::kBlockN, sV + stage * (C::kBlockN * C::kDv));
+}
+
+template <class C>
+template <int kChunks>
+__device__ __forceinline__ void TreeVerifyCta<C>::load_rows(const T* const* rows, T* dst) {
+  constexpr int kRowsPerPass = C::kThreads / 8;
+  static_assert(C::kBlockN % kRowsPerPass == 0 && kRowsPerPass % 8 == 0 && kChunks % 8 == 0,
+                "threads tile the KV tile's rows");
+  const int q = tid % 8, row0 = tid / 8;
+  const int position = (q ^ row0) & 7;
+#pragma unroll
+  for (int pass = 0; pass < C::kBlockN / kRowsPerPass; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
+    const T* src = rows[row];
+    const bool valid = src != nullptr;
+#pragma unroll
+    for (int block = 0; block < kChunks / 8; ++block)
+      cp_async_16(dst + block * C::kBlockN * 64 + row * 64 + position * 8,
+                  valid ? src + block * 64 + q * 8 : dst_fallback(), valid);
+  }
+}
+
+template <class C>
+__device__ void TreeVerifyCta<C>::load_v_over_k(const RequestInfo& r, int h, int kt, T* k_tile) {
+  __syncthreads();  // every warp is done reading K
+  for (int i = tid; i < C::kBlockN * C::kChunksV; i += C::kThreads) {
+    const int row = i / C::kChunksV, chunk = i % C::kChunksV;
+    const T* src = key_rows(r, h, kt * C::kBlockN + row).v;
+    cp_async_16(k_tile + swizzle(row, chunk, C::kBlockN) * 8, src != nullptr ? src + chunk * 8 : dst_fallback(),
+                src != nullptr);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  if constexpr (C::kWgmma) fence_proxy_async();
+  __syncthreads();
+}
+
+}  // namespace kdtree::cuda
