@@ -75,6 +75,11 @@ stage() {
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit: $commit_note"
+  # Independent of git metadata (a copied checkout may carry a stale HEAD): compare with the same line run on
+  # a checkout of the commit you expect.
+  echo "source digest: $(cd "$repo" && find csrc kdtree_ops examples compile_tests -type f \
+    \( -name '*.py' -o -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' -o -name '*.sh' \) \
+    -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16)"
   echo "host: $(hostname)"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader \
     2>/dev/null | sed 's/^/gpu: /'
