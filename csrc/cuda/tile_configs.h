@@ -59,7 +59,7 @@ template <typename T> using Hd64Wgmma = TreeVerifyConfig<T, 64, 64, 128, 128, 1,
 template <typename T> using Hd128Wgmma = TreeVerifyConfig<T, 128, 128, 128, 128, 1, 1, 2, true>;
 template <typename T> using Hd256Wgmma = TreeVerifyConfig<T, 256, 256, 128, 64, 1, 1, 2, true>;
 // Short trees (at most 64 packed rows per request, e.g. 16 tokens x 4 heads) would leave half of a 128-row
-// tile empty: one warpgroup per CTA and 64-key tiles, two CTAs per SM.
+// tile empty: one warpgroup per CTA and 64-key tiles (two CTAs per SM where shared memory allows: Dqk <= 128).
 template <typename T> using Hd64WgmmaNarrow = TreeVerifyConfig<T, 64, 64, 64, 64, 1, 1, 2, true>;
 template <typename T> using Hd128WgmmaNarrow = TreeVerifyConfig<T, 128, 128, 64, 64, 1, 1, 2, true>;
 template <typename T> using Hd256WgmmaNarrow = TreeVerifyConfig<T, 256, 256, 64, 64, 1, 1, 2, true>;
