@@ -37,7 +37,8 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, 1) tree_verify_attention_kernel(const __grid_constant__ TreeVerifyParams p) {
+__global__ void __launch_bounds__(C::kThreads, 1)
+    tree_verify_attention_kernel(const __grid_constant__ TreeVerifyParams p) {
   if constexpr (C::kWgmma && !KDTREE_HAS_WGMMA) {
     __trap();  // a wgmma configuration in a build for another architecture: the host never launches it
   } else {
