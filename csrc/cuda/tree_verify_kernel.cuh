@@ -48,5 +48,4 @@ __global__ void __launch_bounds__(C::kThreads, 1)
   }
 }
 
-
 }  // namespace kdtree::cuda
