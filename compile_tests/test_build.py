@@ -2,6 +2,7 @@
 by processes that start together (SGLang's TP ranks)."""
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -56,8 +57,6 @@ def test_processes_that_start_together_share_one_build(tmp_path):
 
 def test_build_key_ignores_where_the_sources_sit(tmp_path):
     # A checkout and a wheel install of the same sources share one cached build.
-    import shutil
-
     keys = set()
     for place in ("checkout", "site-packages"):
         root = tmp_path / place / "csrc"
@@ -66,3 +65,13 @@ def test_build_key_ignores_where_the_sources_sit(tmp_path):
     assert len(keys) == 1
     (root / "ops.cpp").write_text((root / "ops.cpp").read_text() + "\n// changed\n")
     assert build._build_key(build._sources(root, False), root, build._flags(root, []), False) not in keys
+
+
+def test_wgmma_header_matches_its_generator(tmp_path):
+    # wgmma.cuh's operand lists are written by wgmma_gen.py: an edit of one without the other fails here.
+    cuda = REPO / "csrc" / "cuda"
+    for name in ("wgmma.cuh", "wgmma_gen.py"):
+        shutil.copy(cuda / name, tmp_path / name)
+    (tmp_path / "wgmma.cuh").write_text((cuda / "wgmma.cuh").read_text().replace("Wgmma<256>", "Wgmma<0>"))
+    subprocess.run([sys.executable, str(tmp_path / "wgmma_gen.py")], check=True)
+    assert (tmp_path / "wgmma.cuh").read_text() == (cuda / "wgmma.cuh").read_text()
