@@ -195,7 +195,7 @@ struct TreeVerifyCta {
     if (pieces == 1) {
       store_output(r, h, m0, o, l_run);
     } else {
-      store_partial(r, m0, o, m_run, l_run, piece);
+      store_partial(o, m_run, l_run, piece);
       __threadfence();
       __syncthreads();
       if (tid == 0) {
@@ -512,11 +512,17 @@ struct TreeVerifyCta {
     }
   }
 
+  // Offset in `out` of packed row `packed`: token packed / G, query head h * G + packed % G.
+  __device__ int64_t out_offset(const RequestInfo& r, int h, int packed) const {
+    return (static_cast<int64_t>(r.qo_start + packed / p.group) * p.num_q_heads + h * p.group + packed % p.group) *
+           C::kDv;
+  }
+
   __device__ void store_output(const RequestInfo& r, int h, int m0, const float (&o)[MI][NO][4],
                                const float (&l_run)[MI][2]);
 
-  __device__ void store_partial(const RequestInfo& r, int m0, const float (&o)[MI][NO][4],
-                                const float (&m_run)[MI][2], const float (&l_run)[MI][2], long long slot);
+  __device__ void store_partial(const float (&o)[MI][NO][4], const float (&m_run)[MI][2],
+                                const float (&l_run)[MI][2], long long slot);
 
   // Merge the pieces of a split row tile (slots first_piece .. first_piece + pieces - 1). The merge is
   // latency-bound, so the per-(piece, row) weights are staged in the idle K/V buffers first and every thread

@@ -8,7 +8,7 @@ namespace kdtree::cuda {
 
 template <class C>
 __device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int m0, const float (&o)[MI][NO][4],
-                             const float (&l_run)[MI][2]) {
+                                               const float (&l_run)[MI][2]) {
   T* out = static_cast<T*>(p.out);
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
@@ -17,8 +17,7 @@ __device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int 
       const int packed = m0 + (wm * MI + mi) * 16 + (lane >> 2) + 8 * half;
       if (packed >= r.tree_len * p.group) continue;
       const float inv = l_run[mi][half] > 0.f ? 1.f / l_run[mi][half] : 0.f;  // sees nothing: zeros
-      T* dst = out + (static_cast<int64_t>(r.qo_start + packed / p.group) * p.num_q_heads + h * p.group +
-                      packed % p.group) * C::kDv;
+      T* dst = out + out_offset(r, h, packed);
 #pragma unroll
       for (int n = 0; n < NO; ++n) {
         const int col = wn * C::kDvPerWarp + n * 8 + 2 * (lane & 3);
@@ -28,8 +27,8 @@ __device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int 
 }
 
 template <class C>
-__device__ void TreeVerifyCta<C>::store_partial(const RequestInfo& r, int m0, const float (&o)[MI][NO][4],
-                              const float (&m_run)[MI][2], const float (&l_run)[MI][2], long long slot) {
+__device__ void TreeVerifyCta<C>::store_partial(const float (&o)[MI][NO][4], const float (&m_run)[MI][2],
+                                                const float (&l_run)[MI][2], long long slot) {
   float* po = p.partial_out + static_cast<int64_t>(slot) * C::kBlockM * C::kDv;
 #pragma unroll
   for (int mi = 0; mi < MI; ++mi)
@@ -102,8 +101,7 @@ __device__ void TreeVerifyCta<C>::combine(const RequestInfo& r, int h, int m0, l
       const int packed = m0 + row;
       if (packed >= r.tree_len * p.group) continue;
       const float inv = weight_sum[i] > 0.f ? 1.f / weight_sum[i] : 0.f;  // nothing visible: zeros
-      T* dst = out + (static_cast<int64_t>(r.qo_start + packed / p.group) * p.num_q_heads + h * p.group +
-                      packed % p.group) * C::kDv + col;
+      T* dst = out + out_offset(r, h, packed) + col;
       *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[i].x * inv, acc[i].y * inv),
                                                   pack2<T>(acc[i].z * inv, acc[i].w * inv));
     }
