@@ -10,7 +10,6 @@
 // requests and padding rows past qo_indptr[B] need no separate pass (they are written as zeros).
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAGraphsUtils.cuh>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -18,6 +17,7 @@
 
 #include "tree_mask_args.h"
 #include "tree_verify_args.h"
+#include "value_checks.cuh"
 
 namespace kdtree {
 namespace {
@@ -43,14 +43,11 @@ int64_t grid_for_rows(int64_t rows) {
   return std::clamp<int64_t>(blocks, 1, 65535);
 }
 
-// mask [num_rows, words]: lane l writes words l, l+32, ...; every lane walks the same parent chain
-// (broadcast loads) and keeps the bits that fall in its words. A chain that does not strictly decrease or
-// leaves the request (invalid input, rejected by the debug checks) ends the walk instead of looping.
-__global__ void mask_from_parents_kernel(
-    const int32_t* __restrict__ parents,    // [num_rows]
-    const int32_t* __restrict__ qo_indptr,  // [batch+1]
-    int32_t* __restrict__ mask,             // [num_rows, words]
-    int batch, int64_t num_rows, int words) {
+// One warp per row of mask [num_rows, words] (grid-stride): rows of no request (padding past qo_indptr[B])
+// are zeroed; for the others fill(row, b, start, out, lane) writes the row (start = qo_indptr[b]).
+template <class Fill>
+__device__ __forceinline__ void for_each_mask_row(const int32_t* __restrict__ qo_indptr, int32_t* __restrict__ mask,
+                                                  int batch, int64_t num_rows, int words, Fill fill) {
   const int lane = threadIdx.x % 32;
   const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
   const int64_t num_warps = gridDim.x * static_cast<int64_t>(blockDim.x) / 32;
@@ -61,7 +58,20 @@ __global__ void mask_from_parents_kernel(
       for (int w = lane; w < words; w += 32) out[w] = 0;
       continue;
     }
-    const int64_t start = qo_indptr[b];
+    fill(row, b, static_cast<int64_t>(qo_indptr[b]), out, lane);
+  }
+}
+
+// Lane l writes words l, l+32, ...; every lane walks the same parent chain (broadcast loads) and keeps the
+// bits that fall in its words. A chain that does not strictly decrease or leaves the request (invalid input,
+// rejected by the debug checks) ends the walk instead of looping.
+__global__ void mask_from_parents_kernel(
+    const int32_t* __restrict__ parents,    // [num_rows]
+    const int32_t* __restrict__ qo_indptr,  // [batch+1]
+    int32_t* __restrict__ mask,             // [num_rows, words]
+    int batch, int64_t num_rows, int words) {
+  for_each_mask_row(qo_indptr, mask, batch, num_rows, words,
+                    [&](int64_t row, int b, int64_t start, int32_t* out, int lane) {
     const int tree = qo_indptr[b + 1] - static_cast<int>(start);
     for (int w0 = 0; w0 < words; w0 += 32) {
       const int w = w0 + lane;
@@ -75,11 +85,11 @@ __global__ void mask_from_parents_kernel(
       }
       if (w < words) out[w] = static_cast<int32_t>(bits);
     }
-  }
+  });
 }
 
-// mask [num_rows, words]: one warp per row; for each word, lane l reads draft column 32*w + l of the row's
-// dense mask (32 consecutive bytes: coalesced) and a ballot packs the 32 bits.
+// For each word, lane l reads draft column 32*w + l of the row's dense mask (32 consecutive bytes: coalesced)
+// and a ballot packs the 32 bits.
 template <typename MaskT, typename OffsetT, typename PrefixT>
 __global__ void mask_from_dense_kernel(
     const MaskT* __restrict__ dense,          // [dense_len] flat FULL_MASK
@@ -88,17 +98,8 @@ __global__ void mask_from_dense_kernel(
     const PrefixT* __restrict__ prefix_lens,  // [batch]
     int32_t* __restrict__ mask,               // [num_rows, words]
     int batch, int64_t num_rows, int words, int64_t dense_len) {
-  const int lane = threadIdx.x % 32;
-  const int64_t warp = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32;
-  const int64_t num_warps = gridDim.x * static_cast<int64_t>(blockDim.x) / 32;
-  for (int64_t row = warp; row < num_rows; row += num_warps) {
-    int32_t* out = mask + row * words;
-    const int b = find_request(qo_indptr, batch, row);
-    if (b < 0) {
-      for (int w = lane; w < words; w += 32) out[w] = 0;
-      continue;
-    }
-    const int64_t start = qo_indptr[b];
+  for_each_mask_row(qo_indptr, mask, batch, num_rows, words,
+                    [&](int64_t row, int b, int64_t start, int32_t* out, int lane) {
     const int64_t tree = qo_indptr[b + 1] - start;
     const int64_t prefix = static_cast<int64_t>(prefix_lens[b]);
     // Row i of request b: [L_b + T_b] bytes at mask_indptr[b] + i * (L_b + T_b); its draft columns start at L_b.
@@ -110,11 +111,7 @@ __global__ void mask_from_dense_kernel(
       const uint32_t bits = __ballot_sync(0xffffffffu, visible);
       if (lane == 0) out[w] = static_cast<int32_t>(bits);
     }
-  }
-}
-
-bool value_checks_wanted() {
-  return debug_checks_enabled() && at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None;
+  });
 }
 
 at::Tensor tree_mask_from_parents_cuda(const at::Tensor& parents_in,    // [N] int32
@@ -126,7 +123,7 @@ at::Tensor tree_mask_from_parents_cuda(const at::Tensor& parents_in,    // [N] i
   const at::Tensor qo_indptr = qo_indptr_in.contiguous();
   const int64_t num_rows = parents.size(0);
 
-  if (value_checks_wanted()) check_tree_mask_from_parents_values(parents, qo_indptr, words);
+  if (cuda_value_checks_wanted()) check_tree_mask_from_parents_values(parents, qo_indptr, words);
 
   at::Tensor mask = at::empty({num_rows, words}, parents.options().dtype(at::kInt));
   if (num_rows == 0 || words == 0) return mask;
@@ -150,7 +147,7 @@ at::Tensor tree_mask_from_dense_cuda(const at::Tensor& custom_mask_in,  // [*] u
   const at::Tensor mask_indptr = mask_indptr_in.contiguous();
   const at::Tensor qo_indptr = qo_indptr_in.contiguous();
   const at::Tensor prefix_lens = prefix_lens_in.contiguous();
-  if (value_checks_wanted()) {
+  if (cuda_value_checks_wanted()) {
     check_tree_mask_from_dense_values(custom_mask.numel(), mask_indptr, qo_indptr, prefix_lens, num_tokens, words);
   }
 

@@ -2,12 +2,12 @@
 // choice of kernel family by head dims. Capture-safe: no host sync (value checks only with
 // KDTREE_OPS_DEBUG=1 outside capture), launches on the current stream, grid from the device only.
 #include <ATen/cuda/CUDAContext.h>
-#include <ATen/cuda/CUDAGraphsUtils.cuh>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include "tree_verify_args.h"
 #include "tree_verify_launch.cuh"
+#include "value_checks.cuh"
 
 namespace kdtree {
 namespace {
@@ -34,7 +34,7 @@ void tree_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, 
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
               "tree_verify_attention: on CUDA, q must be bfloat16 or float16, got ", q.scalar_type());
-  if (debug_checks_enabled() && at::cuda::currentStreamCaptureStatus() == at::cuda::CaptureStatus::None) {
+  if (cuda_value_checks_wanted()) {
     check_tree_verify_values(d, qo_indptr, kv_indptr, kv_indices, k_cache.size(0));
   }
   if (d.num_tokens == 0) return;
