@@ -1,5 +1,6 @@
 #include "tree_verify_args.h"
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -156,6 +157,12 @@ void check_tree_verify_values(const TreeVerifyDims& d, const at::Tensor& qo_indp
 
 at::Tensor new_attention_output(const at::Tensor& q, const TreeVerifyDims& d) {
   return at::empty({d.num_tokens, d.num_q_heads, d.head_dim_v}, q.options());
+}
+
+void check_tree_verify_scalars(double sm_scale, double logit_cap) {
+  TORCH_CHECK(std::isfinite(sm_scale), "tree_verify_attention: sm_scale must be finite, got ", sm_scale);
+  TORCH_CHECK(std::isfinite(logit_cap) && logit_cap >= 0.0,
+              "tree_verify_attention: logit_cap must be finite and >= 0 (0 disables it), got ", logit_cap);
 }
 
 bool debug_checks_enabled() {

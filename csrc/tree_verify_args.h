@@ -37,6 +37,9 @@ TreeVerifyDims check_tree_verify_args(
     const std::optional<at::Tensor>& v_draft,  // [N, Hkv, Dv] or None
     const at::Tensor* out);                  // [N, Hq, Dv] or nullptr
 
+// Validates sm_scale (finite) and logit_cap (finite, >= 0; 0 disables it).
+void check_tree_verify_scalars(double sm_scale, double logit_cap);
+
 // Validates the index tensors' values (reads them: host sync on CUDA). Takes CPU tensors.
 void check_tree_verify_values(
     const TreeVerifyDims& dims,
@@ -50,5 +53,42 @@ at::Tensor new_attention_output(const at::Tensor& q, const TreeVerifyDims& dims)
 
 // True when KDTREE_OPS_DEBUG=1: the CUDA path then also runs the value checks (outside graph capture).
 bool debug_checks_enabled();
+
+// One device's implementation: computes the attention of a validated call into `out` ([N, Hq, Dv]).
+using TreeVerifyImpl = void (*)(const TreeVerifyDims& dims, const at::Tensor& q, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+                                const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
+                                double logit_cap, const std::optional<at::Tensor>& k_draft,
+                                const std::optional<at::Tensor>& v_draft, at::Tensor& out);
+
+// The two schemas' entry points around an implementation, the same on every device: the arguments are
+// checked (shapes, dtypes, scalars: no tensor values), then the functional form allocates its output.
+template <TreeVerifyImpl Impl>
+at::Tensor tree_verify_attention_entry(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                       const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+                                       const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
+                                       double logit_cap, const std::optional<at::Tensor>& k_draft,
+                                       const std::optional<at::Tensor>& v_draft) {
+  const TreeVerifyDims dims = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+                                                     tree_mask, k_draft, v_draft, nullptr);
+  check_tree_verify_scalars(sm_scale, logit_cap);
+  at::Tensor out = new_attention_output(q, dims);
+  Impl(dims, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft,
+       out);
+  return out;
+}
+
+template <TreeVerifyImpl Impl>
+void tree_verify_attention_out_entry(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                                     const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+                                     const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
+                                     double logit_cap, const std::optional<at::Tensor>& k_draft,
+                                     const std::optional<at::Tensor>& v_draft, at::Tensor out) {
+  const TreeVerifyDims dims = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+                                                     tree_mask, k_draft, v_draft, &out);
+  check_tree_verify_scalars(sm_scale, logit_cap);
+  Impl(dims, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft,
+       out);
+}
 
 }  // namespace kdtree

@@ -214,9 +214,6 @@ void tree_verify_attention_cpu_impl(const TreeVerifyDims& dims, const at::Tensor
                                     const std::optional<at::Tensor>& k_draft,
                                     const std::optional<at::Tensor>& v_draft, at::Tensor& out) {
   check_tree_verify_values(dims, qo_indptr, kv_indptr, kv_indices, k_cache.size(0));
-  TORCH_CHECK(std::isfinite(sm_scale), "tree_verify_attention: sm_scale must be finite, got ", sm_scale);
-  TORCH_CHECK(std::isfinite(logit_cap) && logit_cap >= 0.0,
-              "tree_verify_attention: logit_cap must be finite and >= 0 (0 disables it), got ", logit_cap);
   if (out.numel() == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "tree_verify_attention_cpu", [&] {
     if (kv_indices.scalar_type() == at::kInt) {
@@ -229,35 +226,11 @@ void tree_verify_attention_cpu_impl(const TreeVerifyDims& dims, const at::Tensor
   });
 }
 
-at::Tensor tree_verify_attention_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                     const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
-                                     const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
-                                     double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                     const std::optional<at::Tensor>& v_draft) {
-  const TreeVerifyDims dims = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
-                                                     tree_mask, k_draft, v_draft, nullptr);
-  at::Tensor out = new_attention_output(q, dims);
-  tree_verify_attention_cpu_impl(dims, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                                 logit_cap, k_draft, v_draft, out);
-  return out;
-}
-
-void tree_verify_attention_out_cpu(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                   const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
-                                   const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
-                                   double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                   const std::optional<at::Tensor>& v_draft, at::Tensor out) {
-  const TreeVerifyDims dims = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
-                                                     tree_mask, k_draft, v_draft, &out);
-  tree_verify_attention_cpu_impl(dims, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                                 logit_cap, k_draft, v_draft, out);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(kdtree, CPU, m) {
-  m.impl("tree_verify_attention", &tree_verify_attention_cpu);
-  m.impl("tree_verify_attention_out", &tree_verify_attention_out_cpu);
+  m.impl("tree_verify_attention", &tree_verify_attention_entry<&tree_verify_attention_cpu_impl>);
+  m.impl("tree_verify_attention_out", &tree_verify_attention_out_entry<&tree_verify_attention_cpu_impl>);
 }
 
 }  // namespace kdtree

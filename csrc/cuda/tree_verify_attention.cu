@@ -25,12 +25,11 @@ bool is_prefix_view(const at::Tensor& v, const at::Tensor& k) {
          v.size(2) <= k.size(2);
 }
 
-void tree_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
+void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, const at::Tensor& k_cache,
+                                const at::Tensor& v_cache, const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                                 const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
                                 double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                const std::optional<at::Tensor>& v_draft, at::Tensor& out,
-                                const TreeVerifyDims& d) {
+                                const std::optional<at::Tensor>& v_draft, at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
               "tree_verify_attention: on CUDA, q must be bfloat16 or float16, got ", q.scalar_type());
@@ -96,35 +95,11 @@ void tree_verify_attention_cuda(const at::Tensor& q, const at::Tensor& k_cache, 
                 d.num_kv_heads, " KV heads");
 }
 
-at::Tensor tree_verify_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                                 const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
-                                 const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
-                                 double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                 const std::optional<at::Tensor>& v_draft) {
-  const TreeVerifyDims d = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask,
-                                                  k_draft, v_draft, nullptr);
-  at::Tensor out = new_attention_output(q, d);
-  tree_verify_attention_cuda(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap,
-                             k_draft, v_draft, out, d);
-  return out;
-}
-
-void tree_verify_attention_out(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                               const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
-                               const at::Tensor& tree_mask, double sm_scale, double logit_cap,
-                               const std::optional<at::Tensor>& k_draft, const std::optional<at::Tensor>& v_draft,
-                               at::Tensor out) {
-  const TreeVerifyDims d = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask,
-                                                  k_draft, v_draft, &out);
-  tree_verify_attention_cuda(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap,
-                             k_draft, v_draft, out, d);
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(kdtree, CUDA, m) {
-  m.impl("tree_verify_attention", &tree_verify_attention);
-  m.impl("tree_verify_attention_out", &tree_verify_attention_out);
+  m.impl("tree_verify_attention", &tree_verify_attention_entry<&tree_verify_attention_cuda>);
+  m.impl("tree_verify_attention_out", &tree_verify_attention_out_entry<&tree_verify_attention_cuda>);
 }
 
 }  // namespace kdtree
