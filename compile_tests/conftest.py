@@ -4,7 +4,9 @@
   CPU kernels on a shared 2-core CI machine are slow to start) and few examples per property, so the CPU
   suite stays within a few minutes. `HYPOTHESIS_PROFILE=thorough` runs ten times as many.
 - Tests marked `cuda` need a CUDA device; suites generate them only when one is present (their DEVICES
-  lists), and this file skips any that remain on a machine without one. CPU tests never skip.
+  lists), and this file skips any that remain on a machine without one. The suites that need a GPU as a
+  whole (GPU_SUITES) are not collected without one: examples/gpu_suite.sh runs them on the GPU machine.
+  CPU tests never skip.
 """
 
 from __future__ import annotations
@@ -24,6 +26,10 @@ settings.register_profile(
 )
 settings.register_profile("thorough", parent=settings.get_profile("kdtree"), max_examples=250)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kdtree"))
+
+
+GPU_SUITES = ["test_cuda_numerics.py", "test_cuda_graphs.py", "test_sglang_backend_gpu.py"]
+collect_ignore = [] if torch.cuda.is_available() else GPU_SUITES
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,12 +19,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device", allow_module_level=True)
-
-from kdtree_ops.cases import make_verify_case  # noqa: E402
-from kdtree_ops.reference import tree_verify_attention_reference  # noqa: E402
-from kdtree_ops.trees import ancestor_matrix, mask_words_for  # noqa: E402
+from kdtree_ops.cases import make_verify_case
+from kdtree_ops.reference import tree_verify_attention_reference
+from kdtree_ops.trees import ancestor_matrix, mask_words_for
 
 pytestmark = pytest.mark.cuda
 

@@ -14,17 +14,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    pytest.skip("needs a CUDA device", allow_module_level=True)
-
-from kdtree_ops.cases import make_verify_case  # noqa: E402
-from kdtree_ops.reference import (  # noqa: E402
+from kdtree_ops.cases import make_verify_case
+from kdtree_ops.reference import (
     record_divergence_reference,
     tree_mask_from_dense_reference,
     tree_mask_from_parents_reference,
     tree_verify_attention_reference,
 )
-from kdtree_ops.trees import ancestor_matrix, mask_words_for, random_tree  # noqa: E402
+from kdtree_ops.trees import ancestor_matrix, mask_words_for, random_tree
 
 pytestmark = pytest.mark.cuda
 
