@@ -70,15 +70,12 @@ def cuda_home() -> Path | None:
 def cuda_archs() -> list[str]:
     """CUDA targets to build: KDTREE_OPS_CUDA_ARCHS, else the visible GPUs' (sm_90 builds as 90a)."""
     if os.environ.get("KDTREE_OPS_CUDA_ARCHS"):
-        archs = [a.strip() for a in re.split(r"[;, ]+", os.environ["KDTREE_OPS_CUDA_ARCHS"]) if a.strip()]
-        return ["90a" if a == "90" else a for a in archs]  # Hopper's kernels need the wgmma target
-    if torch.cuda.is_available():
-        archs = set()
-        for i in range(torch.cuda.device_count()):
-            major, minor = torch.cuda.get_device_capability(i)
-            archs.add(f"{major}{minor}" + ("a" if (major, minor) == (9, 0) else ""))
-        return sorted(archs)
-    return list(_DEFAULT_ARCHS_WITHOUT_GPU)
+        archs = {a.strip() for a in re.split(r"[;, ]+", os.environ["KDTREE_OPS_CUDA_ARCHS"]) if a.strip()}
+    elif torch.cuda.is_available():
+        archs = {"{}{}".format(*torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())}
+    else:
+        archs = set(_DEFAULT_ARCHS_WITHOUT_GPU)
+    return sorted("90a" if a == "90" else a for a in archs)  # Hopper's kernels need the wgmma target
 
 
 def with_cuda() -> bool:
