@@ -29,11 +29,18 @@
 //     and 8 threads per K/V row in the gather (full 128-byte lines,
 //     one pointer read per row per thread)                                36 / 121 /  93 / 111 / 110 / 440 / 765
 //   tried: 64-row tiles for every GQA shape (two CTAs per SM): G2 163 us; 128 x 64 tiles, 3 stages: G2 184 us.
-// What bounds it now (ncu, G2 and M2): one CTA of 8 warps per SM (255 registers), about 0.35 warp instructions
-// issued per scheduler cycle, "wait" (fixed-latency dependency) the top stall: the GEMMs are issued and waited
-// for synchronously, so the softmax of a tile never overlaps a GEMM. Next: overlap them (the next tile's S GEMM
-// during this tile's softmax, or two warpgroups in ping-pong with mbarrier-tracked stages instead of one CTA
-// barrier per tile), which needs a producer/consumer pipeline in place of the all-threads cp.async loop.
+//   GQA (Dv <= 128): PV GEMM of tile kt - 1 in flight during the
+//     softmax of tile kt, K leading V by a tile (run_tiles_overlapped);
+//     a reference maximum that moves only by more than 2^8; the merge
+//     with four pieces' loads in flight                                   36 / 106 /  89 / 104 /  99 / 428 /   -
+//   tried: the overlapped loop with 64-key tiles: G2 126 us; without the barrier that keeps the softmax before
+//   the PV wait (ptxas then waits first): G2 108 us.
+// What bounds it now (G2): about 800 warp instructions per warp per KV tile, issued at about 0.26 per scheduler
+// cycle (ncu) with two warps per scheduler (one CTA of 8 warps, 255 registers); the top stalls are the CTA
+// barrier of each tile and fixed-latency dependencies. Removing parts of the loop: no K/V loads 87 us, no GEMMs
+// 95 us, both present 106 us; the rest (softmax, mask, loop, fixed per-call cost: G1 is 33 us even without
+// loads) is the larger share. Next: a producer warp for the gathers with mbarrier-tracked stages (no CTA
+// barrier per tile) and setmaxnreg to give the consumers registers for three warpgroups.
 #pragma once
 
 #include "tree_verify_kernel.cuh"

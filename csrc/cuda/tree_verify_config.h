@@ -16,6 +16,11 @@ struct TreeVerifyConfig {
   // Without V tiles (shared memory too small), V comes from the K tile: MLA's latent cache, and for draft
   // keys whose V does not alias K, a reload over the K tile after S (load_v_over_k).
   static constexpr bool kVTile = kVTile_;
+  // wgmma with P in registers: the PV GEMM of one tile runs on the tensor cores during the next tile's softmax
+  // (run_tiles_overlapped). K then leads V by a tile, and the K/V row pointers take a third slot. Not for
+  // Dv = 256: O's 128 fp32 registers per thread leave too few for two P tiles (ptxas spilled 316 bytes).
+  static constexpr bool kOverlapPv = kWgmma && kWarpsN_ == 1 && kVTile && kDv_ <= 128;
+  static constexpr int kRowSlots = kOverlapPv ? 3 : kStages_;
   static constexpr int kRowsPerWarp = 16 * kMTilesPerWarp;
   static constexpr int kWarpsM = kBlockM / kRowsPerWarp;
   static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
@@ -33,7 +38,7 @@ struct TreeVerifyConfig {
   static constexpr int kVBytes = kVTile ? kBlockN * kDv * 2 : 0;
   static constexpr int kPBytes = kWarpsN > 1 ? kBlockM * ((kBlockN + 63) / 64 * 64) * 2 : 0;  // swizzled blocks
   static constexpr int kRedBytes = kWarpsN * kBlockM * 4;
-  static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile ? 2 : 1);  // K (and V) row pointers
+  static constexpr int kSrcBytes = kRowSlots * kBlockN * 8 * (kVTile ? 2 : 1);  // K (and V) row pointers
   static constexpr int kFixedSmem = kQBytes + kStages * (kKBytes + kVBytes) + kPBytes + kRedBytes + kSrcBytes + 16;
   // Plus the slack that puts the tiles on a 1024-byte boundary (the swizzle pattern's period).
   static constexpr size_t kSmemBytes = kFixedSmem + 1024;

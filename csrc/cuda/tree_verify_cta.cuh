@@ -12,8 +12,8 @@
 // two paths differ only in how the two GEMMs are issued; the softmax, mask, stores and merge are shared.
 // A row tile split over several CTAs leaves normalized partial outputs and their log-sum-exp in the
 // workspace; the CTA that finishes last (atomic counter) merges them in a fixed order (deterministic).
-// This file: one CTA's state and its per-tile work (run_segment, compute_tile, the GEMMs). Its loads are in
-// tree_verify_loads.cuh, its stores and the merge of split pieces in tree_verify_stores.cuh.
+// This file: one CTA's state and its per-tile work (run_segment, the tile loops, the softmax, the GEMMs). Its
+// loads are in tree_verify_loads.cuh, its stores and the merge of split pieces in tree_verify_stores.cuh.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -50,7 +50,7 @@ struct TreeVerifyCta {
   T* sV;
   T* sP;
   float* sRed;
-  const T** sKRow;  // [STAGES][BLOCK_N] where each key's K row is (key_rows); nullptr: past the keys
+  const T** sKRow;  // [row slots][BLOCK_N] where each key's K row is (key_rows); nullptr: past the keys
   const T** sVRow;  // same for V rows (configurations with V tiles)
   int* sFlag;
   const int tid = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -68,7 +68,7 @@ struct TreeVerifyCta {
     sP = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
     sRed = reinterpret_cast<float*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes) + C::kPBytes);
     sKRow = reinterpret_cast<const T**>(smem + C::kFixedSmem - 16 - C::kSrcBytes);
-    sVRow = sKRow + C::kStages * C::kBlockN;
+    sVRow = sKRow + C::kRowSlots * C::kBlockN;
     sFlag = reinterpret_cast<int*>(smem + C::kFixedSmem - 16);
   }
 
@@ -144,38 +144,8 @@ struct TreeVerifyCta {
       }
 
     __syncthreads();  // the previous segment is done with shared memory
-    // Row pointers of the first STAGES tiles; later ones are found one iteration ahead.
-    for (int i = tid; i < C::kStages * C::kBlockN; i += C::kThreads) {
-      const int kt = kt0 + i / C::kBlockN;
-      stage_rows(i, kt < kt1 ? key_rows(r, h, kt * C::kBlockN + i % C::kBlockN) : KeyRows{nullptr, nullptr});
-    }
-    __syncthreads();
-    load_q(r, h, m0);
-#pragma unroll
-    for (int s = 0; s < C::kStages - 1; ++s) {
-      if (kt0 + s < kt1) load_kv(s, v_from_k(r, kt0 + s));
-      cp_async_commit();
-    }
-
-    for (int kt = kt0; kt < kt1; ++kt) {
-      const int stage = (kt - kt0) % C::kStages;
-      cp_async_wait<C::kStages - 2>();
-      if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads the landed tile through the async proxy
-      __syncthreads();  // tile kt landed for everyone; everyone is done with tile kt - 1
-      {
-        const int next = kt + C::kStages - 1;
-        if (next < kt1) load_kv((next - kt0) % C::kStages, v_from_k(r, next));
-        cp_async_commit();
-      }
-      // The rows of tile kt + STAGES go where tile kt's were (its loads are issued); stored after the compute,
-      // so the index read is in flight meanwhile.
-      const int ahead = kt + C::kStages;
-      KeyRows ahead_rows{nullptr, nullptr};
-      if (tid < C::kBlockN && ahead < kt1) ahead_rows = key_rows(r, h, ahead * C::kBlockN + tid);
-      compute_tile(r, h, kt, stage, o, m_run, l_run, mask_row);
-      if (tid < C::kBlockN) stage_rows(stage * C::kBlockN + tid, ahead_rows);
-    }
-    cp_async_wait<0>();
+    if constexpr (C::kOverlapPv) run_tiles_overlapped(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
+    else run_tiles(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
 
     // Row sums: each thread summed its own columns; add the quad's, then the other WARPS_N warps'.
 #pragma unroll
@@ -211,6 +181,130 @@ struct TreeVerifyCta {
     }
   }
 
+  // Row pointers of the tiles [kt0, kt0 + n) into slots 0..n-1 (nullptr past kt1).
+  __device__ void stage_first_rows(const RequestInfo& r, int h, int kt0, int kt1, int n) {
+    for (int i = tid; i < n * C::kBlockN; i += C::kThreads) {
+      const int kt = kt0 + i / C::kBlockN;
+      stage_rows(i, kt < kt1 ? key_rows(r, h, kt * C::kBlockN + i % C::kBlockN) : KeyRows{nullptr, nullptr});
+    }
+  }
+
+  // The KV tiles of a segment, each GEMM waited for where it is issued: STAGES-deep cp.async of whole K/V tiles,
+  // one CTA barrier per tile (the portable path, and MLA, whose P goes through shared memory).
+  __device__ void run_tiles(const RequestInfo& r, int h, int m0, int kt0, int kt1, float (&o)[MI][NO][4],
+                            float (&m_run)[MI][2], float (&l_run)[MI][2], const uint32_t* const (&mask_row)[MI][2]) {
+    // Row pointers of the first STAGES tiles; later ones are found one iteration ahead.
+    stage_first_rows(r, h, kt0, kt1, C::kStages);
+    __syncthreads();
+    load_q(r, h, m0);
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      if (kt0 + s < kt1) load_kv(s, v_from_k(r, kt0 + s));
+      cp_async_commit();
+    }
+
+    for (int kt = kt0; kt < kt1; ++kt) {
+      const int stage = (kt - kt0) % C::kStages;
+      cp_async_wait<C::kStages - 2>();
+      if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads the landed tile through the async proxy
+      __syncthreads();  // tile kt landed for everyone; everyone is done with tile kt - 1
+      {
+        const int next = kt + C::kStages - 1;
+        if (next < kt1) load_kv((next - kt0) % C::kStages, v_from_k(r, next));
+        cp_async_commit();
+      }
+      // The rows of tile kt + STAGES go where tile kt's were (its loads are issued); stored after the compute,
+      // so the index read is in flight meanwhile.
+      const int ahead = kt + C::kStages;
+      KeyRows ahead_rows{nullptr, nullptr};
+      if (tid < C::kBlockN && ahead < kt1) ahead_rows = key_rows(r, h, ahead * C::kBlockN + tid);
+      compute_tile(r, h, kt, stage, o, m_run, l_run, mask_row);
+      if (tid < C::kBlockN) stage_rows(stage * C::kBlockN + tid, ahead_rows);
+    }
+    cp_async_wait<0>();
+  }
+
+  // The KV tiles of a segment on the wgmma path with P in registers. S of tile kt and then O += P V of tile
+  // kt - 1 are issued together; the softmax of tile kt runs on the CUDA cores while the tensor cores still
+  // compute that PV GEMM, and O is rescaled after it. So K leads V by a tile: iteration kt reads K of kt and
+  // V of kt - 1 and loads K of kt + 1 and V of kt into the buffers that K of kt - 1 and V of kt - 2 left (two
+  // of each, as many bytes as two stages of whole tiles). Row pointers of tile t are in slot (t - kt0) % 3:
+  // the slot that receives tile kt + 2 at the end of iteration kt was last read before its barrier.
+  __device__ void run_tiles_overlapped(const RequestInfo& r, int h, int m0, int kt0, int kt1,
+                                       float (&o)[MI][NO][4], float (&m_run)[MI][2], float (&l_run)[MI][2],
+                                       const uint32_t* const (&mask_row)[MI][2]) {
+    static_assert(C::kStages == 2 && C::kRowSlots == 3, "two K and two V buffers, three row-pointer slots");
+    constexpr int kKTile = C::kBlockN * C::kDqk, kVTileElems = C::kBlockN * C::kDv;
+    stage_first_rows(r, h, kt0, kt1, 2);
+    // The first iteration's PV GEMM ("tile kt0 - 1") multiplies zeros by the zeroed second V buffer: every
+    // iteration then issues the same GEMMs (a wgmma behind a branch makes ptxas serialize them all).
+    uint4* v_pad = reinterpret_cast<uint4*>(sV + kVTileElems);
+    for (int i = tid; i < kVTileElems / 8; i += C::kThreads) v_pad[i] = make_uint4(0, 0, 0, 0);
+    uint32_t p_prev[C::kBlockN / 16][MI][4];  // P of tile kt - 1 (A fragments): its PV GEMM reads them
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) p_prev[kk][mi][0] = p_prev[kk][mi][1] = p_prev[kk][mi][2] = p_prev[kk][mi][3] = 0;
+    __syncthreads();
+    load_q(r, h, m0);
+    if (kt0 < kt1) load_rows<C::kChunksQK>(sKRow, sK);
+    cp_async_commit();
+
+    for (int kt = kt0; kt < kt1; ++kt) {
+      const int i = kt - kt0;
+      cp_async_wait<0>();
+      fence_proxy_async();
+      __syncthreads();  // K of kt and V of kt - 1 landed; every warp is done with K of kt - 1 and V of kt - 2
+      // Loads and index reads first: their address registers are free again before the GEMMs lock theirs.
+      if (kt + 1 < kt1) load_rows<C::kChunksQK>(sKRow + ((i + 1) % 3) * C::kBlockN, sK + ((i + 1) & 1) * kKTile);
+      load_rows<C::kChunksV>(sVRow + (i % 3) * C::kBlockN, sV + (i & 1) * kVTileElems);
+      cp_async_commit();
+      const int ahead = kt + 2;
+      KeyRows ahead_rows{nullptr, nullptr};
+      if (tid < C::kBlockN && ahead < kt1) ahead_rows = key_rows(r, h, ahead * C::kBlockN + tid);
+      uint64_t vis[MI][2][kVisWords];
+      const bool masked = tile_masked(r, kt);
+      const bool warp_sees = masked ? tile_visibility(r, kt, mask_row, vis) : true;
+      float s[MI][NS][4];
+      issue_qk(sK + (i & 1) * kKTile, s);
+      issue_pv_regs(p_prev, sV + ((i - 1) & 1) * kVTileElems, o);
+
+      wgmma_wait<1>();  // S of tile kt
+      fence_registers<MI * NS * 4>(&s[0][0][0]);
+      float corrections[MI][2];
+      const bool rescale = softmax_tile(r, kt, masked, warp_sees, vis, s, m_run, l_run, corrections);
+      uint32_t p_cur[C::kBlockN / 16][MI][4];
+      p_fragments(s, p_cur);
+      // ptxas hoists a wait above independent arithmetic, which would leave no softmax to overlap the PV GEMM
+      // with: a barrier that reduces the row sums (every probability) keeps the softmax before the wait.
+      barrier_after(l_run[0][0] + l_run[0][1]);
+      wgmma_wait<0>();
+      fence_registers<MI * NO * 4>(&o[0][0][0]);
+      fence_registers<C::kBlockN / 16 * MI * 4>(&p_prev[0][0][0]);
+      rescale_o(o, corrections, rescale);
+#pragma unroll
+      for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) p_prev[kk][mi][e] = p_cur[kk][mi][e];
+      if (tid < C::kBlockN) stage_rows(((i + 2) % 3) * C::kBlockN + tid, ahead_rows);
+    }
+    cp_async_wait<0>();
+    fence_proxy_async();
+    __syncthreads();  // V of the last tile landed
+    issue_pv_regs(p_prev, sV + ((kt1 - 1 - kt0) & 1) * kVTileElems, o);
+    wgmma_wait<0>();
+    fence_registers<MI * NO * 4>(&o[0][0][0]);
+  }
+
+  // A CTA barrier (id 1) that takes x as an input: whatever computes x happens before it, and ptxas keeps a
+  // wgmma wait that follows after it.
+  __device__ __forceinline__ void barrier_after(float x) {
+    asm volatile("{\n.reg .pred p, q;\nsetp.ge.f32 p, %0, 0f00000000;\nbar.red.or.pred q, 1, %1, p;\n}\n"
+                 ::"f"(x), "n"(C::kThreads) : "memory");
+  }
+
   // Folds a per-row value (each quad's copy) over the WARPS_N warps of the row group with `op`, through sRed.
   // The caller orders it after the previous readers of sRed.
   template <class Op>
@@ -234,74 +328,40 @@ struct TreeVerifyCta {
       }
   }
 
-  __device__ void compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[MI][NO][4],
-                               float (&m_run)[MI][2], float (&l_run)[MI][2],
-                               const uint32_t* const (&mask_row)[MI][2]) {
-    stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform for the compiler (see wg)
-    const int k0 = kt * C::kBlockN;
-    const bool masked = k0 + C::kBlockN > r.prefix_len;  // reaches draft columns or the end of the keys
-    const T* k_tile = sK + stage * (C::kBlockN * C::kDqk);
-    const bool v_k = v_from_k(r, kt);
-    // Same swizzle either way: V is K's first columns.
-    const T* v_tile = v_k || !C::kVTile ? k_tile : sV + stage * (C::kBlockN * C::kDv);
+  // Tile kt reaches the draft columns or the end of the keys: the tree mask applies (prefix tiles are mask-free).
+  __device__ bool tile_masked(const RequestInfo& r, int kt) const { return (kt + 1) * C::kBlockN > r.prefix_len; }
 
-    // Visibility of this warp's keys (64-column windows from its first key) for each of this thread's rows,
-    // and whether the warp's rows see anything there.
-    constexpr int kVisWords = (C::kKeysPerWarp + 63) / 64;
-    const int key0 = k0 + wn * C::kKeysPerWarp;
-    uint64_t vis[MI][2][kVisWords];
-    bool warp_sees = true;
-    if (masked) {
-      bool any = false;
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int w = 0; w < kVisWords; ++w) {
-            const uint64_t bits = mask_row[mi][half] == nullptr
-                                      ? 0ull
-                                      : visible_columns(mask_row[mi][half], p.mask_words, key0 + 64 * w,
-                                                        r.prefix_len, r.kv_len);
-            vis[mi][half][w] = bits;
-            any |= (C::kKeysPerWarp >= 64 ? bits : (bits & ((1ull << C::kKeysPerWarp) - 1))) != 0;
-          }
-      warp_sees = __any_sync(0xffffffffu, any);
-    }
-    // A fully masked tree tile costs a warp no tensor-core work on the mma.sync path; wgmma is issued by the
-    // whole warpgroup, so there every warp computes (the mask then hides what it must).
-    const bool skip_tile = !C::kWgmma && !warp_sees;
-
-    float s[MI][NS][4];
+  // Visibility of this warp's keys of tile kt (64-column windows from its first key) for each of this thread's
+  // rows. Returns whether the warp's rows see anything there.
+  static constexpr int kVisWords = (C::kKeysPerWarp + 63) / 64;
+  __device__ bool tile_visibility(const RequestInfo& r, int kt, const uint32_t* const (&mask_row)[MI][2],
+                                  uint64_t (&vis)[MI][2][kVisWords]) const {
+    const int key0 = kt * C::kBlockN + wn * C::kKeysPerWarp;
+    bool any = false;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
-      for (int n = 0; n < NS; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.f;
-    if constexpr (C::kWgmma) {
-      qk_wgmma(k_tile, s);
-    } else if (!skip_tile) {
+      for (int half = 0; half < 2; ++half)
 #pragma unroll
-      for (int kk = 0; kk < C::kDqk / 16; ++kk) {
-        uint32_t a[MI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-          ldmatrix_x4(a[mi], sQ + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
-#pragma unroll
-        for (int nj = 0; nj < NS / 2; ++nj) {
-          uint32_t b[4];
-          const int key = wn * C::kKeysPerWarp + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
-          ldmatrix_x4(b, k_tile + swizzle(key, kk * 2 + ((lane >> 3) & 1), C::kBlockN) * 8);
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-            mma_16816<T>(s[mi][2 * nj], a[mi], b[0], b[1]);
-            mma_16816<T>(s[mi][2 * nj + 1], a[mi], b[2], b[3]);
-          }
+        for (int w = 0; w < kVisWords; ++w) {
+          const uint64_t bits = mask_row[mi][half] == nullptr
+                                    ? 0ull
+                                    : visible_columns(mask_row[mi][half], p.mask_words, key0 + 64 * w,
+                                                      r.prefix_len, r.kv_len);
+          vis[mi][half][w] = bits;
+          any |= (C::kKeysPerWarp >= 64 ? bits : (bits & ((1ull << C::kKeysPerWarp) - 1))) != 0;
         }
-      }
-    }
+    return __any_sync(0xffffffffu, any);
+  }
 
-    // Scores into the log2 domain (uniform branches: each variant is one tight loop), then the mask. A positive
-    // scale is folded into the exponent's FMA instead (the max commutes with it): one instruction per score.
+  // Scores of tile kt (s) into unnormalized probabilities: into the log2 domain, the tree mask (on masked
+  // tiles: `vis`, nothing where the warp sees nothing), and the online-softmax update of the rows' reference
+  // maxima and sums. `corrections` rescale what O accumulated; returns whether any reference of the warp moved.
+  __device__ bool softmax_tile(const RequestInfo& r, int kt, bool masked, bool warp_sees,
+                               const uint64_t (&vis)[MI][2][kVisWords], float (&s)[MI][NS][4],
+                               float (&m_run)[MI][2], float (&l_run)[MI][2], float (&corrections)[MI][2]) {
+    // Uniform branches: each variant is one tight loop. A positive scale is folded into the exponent's FMA
+    // instead (the max commutes with it): one instruction per score.
     float score_scale = 1.f;
     if (p.logit_cap > 0.f) {
       const float inner = p.sm_scale / p.logit_cap, outer = p.logit_cap * 1.4426950408889634f;
@@ -351,14 +411,15 @@ struct TreeVerifyCta {
       }
     if constexpr (C::kWarpsN > 1) across_warps(tile_max, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
 
-    // Online softmax: rescale what was accumulated, exponentiate this tile.
-    float corrections[MI][2];
     bool rescale = false;
 #pragma unroll
     for (int mi = 0; mi < MI; ++mi)
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
-        const float m_new = fmaxf(m_run[mi][half], tile_max[mi][half] * score_scale);
+        // A row's reference maximum moves only when the tile's exceeds it by more than 8 (log2 units):
+        // probabilities up to 2^8 lose nothing in T or in the fp32 sums, and most tiles then rescale nothing.
+        const float m_tile = tile_max[mi][half] * score_scale;
+        const float m_new = m_tile > m_run[mi][half] + 8.f ? m_tile : m_run[mi][half];
         const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: keep zeros, no NaN
         const float correction = fast_exp2(m_run[mi][half] - m_use);
         m_run[mi][half] = m_new;
@@ -375,7 +436,12 @@ struct TreeVerifyCta {
         corrections[mi][half] = correction;
         rescale |= correction != 1.f;
       }
-    // Once the row maxima settle, most tiles move none of them: the warp then skips rescaling O.
+    return rescale;
+  }
+
+  // Once the reference maxima settle, most tiles move none of them: the warp then skips rescaling O.
+  __device__ __forceinline__ void rescale_o(float (&o)[MI][NO][4], const float (&corrections)[MI][2],
+                                            bool rescale) {
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
       for (int mi = 0; mi < MI; ++mi)
@@ -387,23 +453,80 @@ struct TreeVerifyCta {
             o[mi][n][2 * half + 1] *= corrections[mi][half];
           }
     }
+  }
+
+  // P as A fragments of the PV GEMM: the S accumulator layout, rounded to T.
+  __device__ __forceinline__ void p_fragments(const float (&s)[MI][NS][4], uint32_t (&a)[C::kBlockN / 16][MI][4]) {
+#pragma unroll
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
+#pragma unroll
+      for (int mi = 0; mi < MI; ++mi) {
+        a[kk][mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
+        a[kk][mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
+        a[kk][mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
+        a[kk][mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
+      }
+  }
+
+  // One KV tile with each GEMM waited for where it is issued (run_tiles).
+  __device__ void compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[MI][NO][4],
+                               float (&m_run)[MI][2], float (&l_run)[MI][2],
+                               const uint32_t* const (&mask_row)[MI][2]) {
+    stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform for the compiler (see wg)
+    const bool masked = tile_masked(r, kt);
+    const T* k_tile = sK + stage * (C::kBlockN * C::kDqk);
+    const bool v_k = v_from_k(r, kt);
+    // Same swizzle either way: V is K's first columns.
+    const T* v_tile = v_k || !C::kVTile ? k_tile : sV + stage * (C::kBlockN * C::kDv);
+
+    uint64_t vis[MI][2][kVisWords];
+    const bool warp_sees = masked ? tile_visibility(r, kt, mask_row, vis) : true;
+    // A fully masked tree tile costs a warp no tensor-core work on the mma.sync path; wgmma is issued by the
+    // whole warpgroup, so there every warp computes (the mask then hides what it must).
+    const bool skip_tile = !C::kWgmma && !warp_sees;
+
+    float s[MI][NS][4];
+#pragma unroll
+    for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+      for (int n = 0; n < NS; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.f;
+    if constexpr (C::kWgmma) {
+      issue_qk(k_tile, s);
+      wgmma_wait<0>();
+    } else if (!skip_tile) {
+#pragma unroll
+      for (int kk = 0; kk < C::kDqk / 16; ++kk) {
+        uint32_t a[MI][4];
+#pragma unroll
+        for (int mi = 0; mi < MI; ++mi)
+          ldmatrix_x4(a[mi], sQ + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
+#pragma unroll
+        for (int nj = 0; nj < NS / 2; ++nj) {
+          uint32_t b[4];
+          const int key = wn * C::kKeysPerWarp + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
+          ldmatrix_x4(b, k_tile + swizzle(key, kk * 2 + ((lane >> 3) & 1), C::kBlockN) * 8);
+#pragma unroll
+          for (int mi = 0; mi < MI; ++mi) {
+            mma_16816<T>(s[mi][2 * nj], a[mi], b[0], b[1]);
+            mma_16816<T>(s[mi][2 * nj + 1], a[mi], b[2], b[3]);
+          }
+        }
+      }
+    }
+
+    float corrections[MI][2];
+    const bool rescale = softmax_tile(r, kt, masked, warp_sees, vis, s, m_run, l_run, corrections);
+    rescale_o(o, corrections, rescale);
 
     if constexpr (C::kWarpsN == 1) {
       if constexpr (!C::kVTile)
         if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
       if (skip_tile) return;  // P is all zeros
-      uint32_t a[C::kBlockN / 16][MI][4];  // P as A fragments (the S accumulator layout, rounded to T)
-#pragma unroll
-      for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi) {
-          a[kk][mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-          a[kk][mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-          a[kk][mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-          a[kk][mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-        }
+      uint32_t a[C::kBlockN / 16][MI][4];
+      p_fragments(s, a);
       if constexpr (C::kWgmma) {
-        pv_wgmma_regs(a, v_tile, o);
+        issue_pv_regs(a, v_tile, o);
+        wgmma_wait<0>();
       } else {
 #pragma unroll
         for (int kk = 0; kk < C::kBlockN / 16; ++kk) pv_step(a[kk], v_tile, kk, o);
@@ -426,7 +549,8 @@ struct TreeVerifyCta {
       if constexpr (!C::kVTile)
         if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
       if constexpr (C::kWgmma) {
-        pv_wgmma_smem(v_tile, o);
+        issue_pv_smem(v_tile, o);
+        wgmma_wait<0>();
       } else {
 #pragma unroll
         for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
@@ -441,17 +565,17 @@ struct TreeVerifyCta {
   }
 
   // wgmma GEMMs of this warp's warpgroup: rows [64 * (wm / 4), +64), the warpgroup's keys (S) or output
-  // columns (PV). Issued, committed and waited for at once: the softmax between them needs the results.
-  // Each GEMM builds its descriptors once and steps them by compile-time offsets (a 14-bit address field in
-  // 16-byte units that shared memory never overflows).
+  // columns (PV). Each is issued and committed as one group; the caller waits for it (wgmma_wait) before
+  // reading its accumulators. Each GEMM builds its descriptors once and steps them by compile-time offsets
+  // (a 14-bit address field in 16-byte units that shared memory never overflows).
   static constexpr bool kBf16 = std::is_same_v<T, __nv_bfloat16>;
   static constexpr uint32_t kGroupBytes = 8 * 128;  // 8 swizzled rows of 128 bytes
   // Descriptor step to k-slice kk (16 columns) of a K-major tile with `rows` rows: 64-column blocks are
   // `rows` x 128 bytes apart, 16-column slices 32 bytes apart within a block.
   static constexpr uint64_t k_major_step(int kk, int rows) { return ((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4; }
 
-  // S = Q Kᵀ: Q and K both K-major (rows of Dqk).
-  __device__ __forceinline__ void qk_wgmma(const T* k_tile, float (&s)[MI][NS][4]) {
+  // S = Q Kᵀ: Q and K both K-major (rows of Dqk). Overwrites s.
+  __device__ __forceinline__ void issue_qk(const T* k_tile, float (&s)[MI][NS][4]) {
     const uint64_t q_desc = smem_desc(sQ + wg_row0 * 64, 16, kGroupBytes);
     const uint64_t k_desc = smem_desc(k_tile + wg_n * C::kKeysPerWarp * 64, 16, kGroupBytes);
     wgmma_fence();
@@ -460,7 +584,6 @@ struct TreeVerifyCta {
       Wgmma<C::kKeysPerWarp>::template ss<kBf16, 0>(&s[0][0][0], q_desc + k_major_step(kk, C::kBlockM),
                                                     k_desc + k_major_step(kk, C::kBlockN), kk > 0);
     wgmma_commit();
-    wgmma_wait_all();
   }
 
   // V as the N-major B operand: this warpgroup's Dv columns (64-column blocks C::kBlockN rows apart), 16 keys
@@ -471,7 +594,7 @@ struct TreeVerifyCta {
   static constexpr uint64_t v_step(int kk) { return (kk * 2 * kGroupBytes) >> 4; }
 
   // O += P V with P in registers (WARPS_N = 1).
-  __device__ __forceinline__ void pv_wgmma_regs(const uint32_t (&a)[C::kBlockN / 16][MI][4], const T* v_tile,
+  __device__ __forceinline__ void issue_pv_regs(const uint32_t (&a)[C::kBlockN / 16][MI][4], const T* v_tile,
                                                 float (&o)[MI][NO][4]) {
     const uint64_t desc = v_desc(v_tile);
     wgmma_fence();
@@ -479,11 +602,10 @@ struct TreeVerifyCta {
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)
       Wgmma<C::kDvPerWarp>::template rs<kBf16, 1>(&o[0][0][0], a[kk][0], desc + v_step(kk), 1);
     wgmma_commit();
-    wgmma_wait_all();
   }
 
   // O += P V with P shared through shared memory (WARPS_N > 1), K-major like Q.
-  __device__ __forceinline__ void pv_wgmma_smem(const T* v_tile, float (&o)[MI][NO][4]) {
+  __device__ __forceinline__ void issue_pv_smem(const T* v_tile, float (&o)[MI][NO][4]) {
     const uint64_t p_desc = smem_desc(sP + wg_row0 * 64, 16, kGroupBytes);
     const uint64_t desc = v_desc(v_tile);
     wgmma_fence();
@@ -492,7 +614,6 @@ struct TreeVerifyCta {
       Wgmma<C::kDvPerWarp>::template ss<kBf16, 1>(&o[0][0][0], p_desc + k_major_step(kk, C::kBlockM),
                                                   desc + v_step(kk), 1);
     wgmma_commit();
-    wgmma_wait_all();
   }
 
   // O[:, this warp's Dv columns] += P[:, keys kk*16 .. +16] V[keys, columns].

@@ -64,8 +64,8 @@ __device__ void TreeVerifyCta<C>::combine(const RequestInfo& r, int h, int m0, l
     for (int k = 0; k < pieces; ++k) mx = fmaxf(mx, __ldcg(p.partial_lse + slot_of(k) * C::kBlockM + row));
     row_max[row] = mx;
   }
-  // Outputs in groups of at most 16 float4 per thread, to bound the registers this tail needs.
-  constexpr int kGroup = kPerThread < 16 ? kPerThread : 16;
+  // Outputs in groups of at most 8 float4 per thread, to bound the registers this tail needs.
+  constexpr int kGroup = kPerThread < 8 ? kPerThread : 8;
   static_assert(kPerThread % kGroup == 0, "whole groups");
   T* out = static_cast<T*>(p.out);
   for (int g = 0; g < kPerThread; g += kGroup) {
@@ -82,6 +82,8 @@ __device__ void TreeVerifyCta<C>::combine(const RequestInfo& r, int h, int m0, l
         weight[i] = lse == -INFINITY ? 0.f : exp2f(lse - row_max[row]);
       }
       __syncthreads();
+      // Four pieces' loads in flight at once (MLA M1: 107 -> 99 us against one piece of 16 loads at a time).
+#pragma unroll 4
       for (int k = 0; k < round; ++k) {
         const float4* src = reinterpret_cast<const float4*>(
             p.partial_out + static_cast<int64_t>(slot_of(k0 + k)) * C::kBlockM * C::kDv);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "mma.cuh"
 
@@ -28,15 +29,31 @@ __device__ __forceinline__ uint64_t smem_desc(const void* tile, uint32_t leading
 // Orders this thread's register writes (accumulators, A fragments) before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Waits until at most kPending of this warpgroup's committed groups are in flight (groups finish in order).
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
 // Makes this thread's generic-proxy shared-memory writes (cp.async, st.shared) visible to wgmma's reads.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 #else
 __device__ __forceinline__ void wgmma_fence() {}
 __device__ __forceinline__ void wgmma_commit() {}
-__device__ __forceinline__ void wgmma_wait_all() {}
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {}
 __device__ __forceinline__ void fence_proxy_async() {}
 #endif
+
+// Tells the compiler that `x` may change here: reads of an asynchronous GEMM's accumulators stay after its wait,
+// and writes to them before its issue.
+template <int kCount, typename R>
+__device__ __forceinline__ void fence_registers(R* x) {
+#pragma unroll
+  for (int i = 0; i < kCount; ++i) {
+    if constexpr (sizeof(R) == 4 && std::is_floating_point_v<R>) asm volatile("" : "+f"(x[i])::"memory");
+    else asm volatile("" : "+r"(x[i])::"memory");
+  }
+}
 
 // D[64 x N] (+)= A[64 x 16] B[16 x N], fp32 accumulators in the mma.sync C layout per 16-row warp.
 // ss: A and B from shared-memory descriptors; rs: A from registers (the mma.sync A-fragment layout).
