@@ -5,7 +5,7 @@
 // Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md, one change at a time) with a
 // development timing script: uniformly random parents, draft K/V in the cache, slots drawn from a pool twice the
 // need. `python -m kdtree_ops bench` (examples/results) is the reference; at the last step it measured
-// G1 37 / G2 117 / G4 93 / G5 111 / M1 84 / M2 247 / M5 381 us (best-first trees, separate draft K/V): the same
+// G1 37 / G2 106 / G4 89 / G5 106 / M1 74 / M2 232 / M5 381 us (best-first trees, separate draft K/V): the same
 // for GQA, faster for MLA, a difference not isolated yet.
 // Portable mma.sync kernel (G1 / G2 / M1 / M2 in us):
 //   first version (a kv_indices read per 16-byte chunk, inline)         136 / 652 / 253 / 1079
