@@ -1,5 +1,5 @@
 // Tile shapes and split heuristics of the tree-verify kernel, one line per head-dim family.
-// TreeVerifyConfig<T, Dqk, Dv, BLOCK_M, BLOCK_N, WARPS_N, M_TILES_PER_WARP, STAGES, WGMMA>: a portable mma.sync
+// TreeVerifyConfig<T, Dqk, Dv, BLOCK_M, BLOCK_N, WARPS_N, STAGES, WGMMA, V_TILE>: a portable mma.sync
 // configuration and an sm_90a wgmma one per family.
 //
 // Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md, one change at a time) with a
@@ -50,30 +50,30 @@ namespace kdtree::cuda {
 // GQA/MHA. BLOCK_M = 64 packed rows (4 warps x 16): a DDTree tree of 16..64 tokens x 4 heads fills one or a few
 // row tiles without padding waste; 2 stages of 64-key K and V tiles. Dqk 256 halves BLOCK_N to hold the
 // 16 x 256 fp32 accumulators of each warp in registers (128 per thread).
-template <typename T> using Hd64Config = TreeVerifyConfig<T, 64, 64, 64, 64, 1, 1, 2>;
-template <typename T> using Hd128Config = TreeVerifyConfig<T, 128, 128, 64, 64, 1, 1, 2>;
-template <typename T> using Hd256Config = TreeVerifyConfig<T, 256, 256, 64, 32, 1, 1, 2>;
+template <typename T> using Hd64Config = TreeVerifyConfig<T, 64, 64, 64, 64, 1, 2>;
+template <typename T> using Hd128Config = TreeVerifyConfig<T, 128, 128, 64, 64, 1, 2>;
+template <typename T> using Hd256Config = TreeVerifyConfig<T, 256, 256, 64, 32, 1, 2>;
 
 // MLA (absorbed: Hkv = 1, Dqk = 576, Dv = 512). The 64 x 512 output does not fit 4 warps' registers, so 8 warps
 // split it (WARPS_N = 2: each warp 16 rows x 256 columns = 128 fp32 per thread) and the 32-key tile's scores.
 // Shared memory: Q 72 KiB + 2 x (K 36 KiB + V 32 KiB) = 208 KiB of the 227 KiB an H200 CTA may use.
-template <typename T> using MlaConfig = TreeVerifyConfig<T, 576, 512, 64, 32, 2, 1, 2>;
+template <typename T> using MlaConfig = TreeVerifyConfig<T, 576, 512, 64, 32, 2, 2>;
 
 // sm_90a (wgmma, one warpgroup per 64 rows). GQA/MHA: two warpgroups share each K/V tile (BLOCK_M 128), and
 // 128-key tiles give S = Q Kᵀ wgmma N = 128, whose shared-memory reads stay under the bandwidth the tensor
 // cores need; P stays in registers. Dqk 256 keeps BLOCK_N 64 so the 64 x 256 fp32 accumulators fit.
-template <typename T> using Hd64Wgmma = TreeVerifyConfig<T, 64, 64, 128, 128, 1, 1, 2, true>;
-template <typename T> using Hd128Wgmma = TreeVerifyConfig<T, 128, 128, 128, 128, 1, 1, 2, true>;
-template <typename T> using Hd256Wgmma = TreeVerifyConfig<T, 256, 256, 128, 64, 1, 1, 2, true>;
+template <typename T> using Hd64Wgmma = TreeVerifyConfig<T, 64, 64, 128, 128, 1, 2, true>;
+template <typename T> using Hd128Wgmma = TreeVerifyConfig<T, 128, 128, 128, 128, 1, 2, true>;
+template <typename T> using Hd256Wgmma = TreeVerifyConfig<T, 256, 256, 128, 64, 1, 2, true>;
 // Short trees (at most 64 packed rows per request, e.g. 16 tokens x 4 heads) would leave half of a 128-row
 // tile empty: one warpgroup per CTA and 64-key tiles (two CTAs per SM where shared memory allows: Dqk <= 128).
-template <typename T> using Hd64WgmmaNarrow = TreeVerifyConfig<T, 64, 64, 64, 64, 1, 1, 2, true>;
-template <typename T> using Hd128WgmmaNarrow = TreeVerifyConfig<T, 128, 128, 64, 64, 1, 1, 2, true>;
-template <typename T> using Hd256WgmmaNarrow = TreeVerifyConfig<T, 256, 256, 64, 64, 1, 1, 2, true>;
+template <typename T> using Hd64WgmmaNarrow = TreeVerifyConfig<T, 64, 64, 64, 64, 1, 2, true>;
+template <typename T> using Hd128WgmmaNarrow = TreeVerifyConfig<T, 128, 128, 64, 64, 1, 2, true>;
+template <typename T> using Hd256WgmmaNarrow = TreeVerifyConfig<T, 256, 256, 64, 64, 1, 2, true>;
 // MLA: two warpgroups split S's 64 keys (wgmma N = 32) and O's 512 columns (N = 256, P through shared memory).
 // Q 72 KiB + 2 x K 72 KiB + P 8 KiB fill the shared memory, so there are no V tiles: V is the K tile's first
 // 512 columns (separate draft V is loaded over them after S).
-template <typename T> using MlaWgmma = TreeVerifyConfig<T, 576, 512, 64, 64, 2, 1, 2, true, false>;
+template <typename T> using MlaWgmma = TreeVerifyConfig<T, 576, 512, 64, 64, 2, 2, true, false>;
 
 // A CTA takes at least this many KV tiles: a split piece costs a fp32 partial write and read (BLOCK_M x Dv x 8
 // bytes, about two KV tiles of traffic), so pieces shorter than this cost more than the parallelism gains.

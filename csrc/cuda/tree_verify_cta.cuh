@@ -40,7 +40,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 template <class C>
 struct TreeVerifyCta {
   using T = typename C::T;
-  static constexpr int MI = C::kMTilesPerWarp;
   static constexpr int NS = C::kKeysPerWarp / 8;  // S n-tiles per warp
   static constexpr int NO = C::kDvPerWarp / 8;    // O n-tiles per warp
 
@@ -55,7 +54,7 @@ struct TreeVerifyCta {
   int* sFlag;
   const int tid = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wn = (warp / 4) % C::kWarpsN;                  // key split (S) / column split (PV)
-  const int wm = (warp / 4 / C::kWarpsN) * 4 + warp % 4;  // row group of MTILES x 16 rows
+  const int wm = (warp / 4 / C::kWarpsN) * 4 + warp % 4;  // row group: rows [16 * wm, +16)
   // The warpgroup, broadcast from lane 0 so the compiler sees it warp-uniform: the wgmma descriptors built
   // from it then live in uniform registers.
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
@@ -122,26 +121,21 @@ struct TreeVerifyCta {
   __device__ void run_segment(const RequestInfo& r, int h, int mt, int kt0, int kt1, int row_tile,
                               long long first_piece, int pieces, long long piece) {
     const int m0 = mt * C::kBlockM;
-    float o[MI][NO][4];
-    float m_run[MI][2], l_run[MI][2];
+    float o[NO][4];
+    float m_run[2], l_run[2];
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi) {
-#pragma unroll
-      for (int n = 0; n < NO; ++n) o[mi][n][0] = o[mi][n][1] = o[mi][n][2] = o[mi][n][3] = 0.f;
-      m_run[mi][0] = m_run[mi][1] = -INFINITY;
-      l_run[mi][0] = l_run[mi][1] = 0.f;
-    }
+    for (int n = 0; n < NO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
     // Mask row of each of this thread's rows (nullptr: padding row past T_b * G, sees nothing).
-    const uint32_t* mask_row[MI][2];
+    const uint32_t* mask_row[2];
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int packed = m0 + (wm * MI + mi) * 16 + (lane >> 2) + 8 * half;
-        mask_row[mi][half] = packed < r.tree_len * p.group
-                                 ? p.tree_mask + (r.qo_start + packed / p.group) * p.mask_row_stride
-                                 : nullptr;
-      }
+    for (int half = 0; half < 2; ++half) {
+      const int packed = m0 + wm * 16 + (lane >> 2) + 8 * half;
+      mask_row[half] = packed < r.tree_len * p.group
+                           ? p.tree_mask + (r.qo_start + packed / p.group) * p.mask_row_stride
+                           : nullptr;
+    }
 
     __syncthreads();  // the previous segment is done with shared memory
     if constexpr (C::kOverlapPv) run_tiles_overlapped(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
@@ -149,14 +143,12 @@ struct TreeVerifyCta {
 
     // Row sums: each thread summed its own columns; add the quad's, then the other WARPS_N warps'.
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float l = l_run[mi][half];
-        l += __shfl_xor_sync(0xffffffffu, l, 1);
-        l += __shfl_xor_sync(0xffffffffu, l, 2);
-        l_run[mi][half] = l;
-      }
+    for (int half = 0; half < 2; ++half) {
+      float l = l_run[half];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      l_run[half] = l;
+    }
     if constexpr (C::kWarpsN > 1) {
       __syncthreads();  // the last tile's maxima are read
       across_warps(l_run, 0.f, [](float a, float b) { return a + b; });
@@ -191,8 +183,8 @@ struct TreeVerifyCta {
 
   // The KV tiles of a segment, each GEMM waited for where it is issued: STAGES-deep cp.async of whole K/V tiles,
   // one CTA barrier per tile (the portable path, and MLA, whose P goes through shared memory).
-  __device__ void run_tiles(const RequestInfo& r, int h, int m0, int kt0, int kt1, float (&o)[MI][NO][4],
-                            float (&m_run)[MI][2], float (&l_run)[MI][2], const uint32_t* const (&mask_row)[MI][2]) {
+  __device__ void run_tiles(const RequestInfo& r, int h, int m0, int kt0, int kt1, float (&o)[NO][4],
+                            float (&m_run)[2], float (&l_run)[2], const uint32_t* const (&mask_row)[2]) {
     // Row pointers of the first STAGES tiles; later ones are found one iteration ahead.
     stage_first_rows(r, h, kt0, kt1, C::kStages);
     __syncthreads();
@@ -231,8 +223,8 @@ struct TreeVerifyCta {
   // of each, as many bytes as two stages of whole tiles). Row pointers of tile t are in slot (t - kt0) % 3:
   // the slot that receives tile kt + 2 at the end of iteration kt was last read before its barrier.
   __device__ void run_tiles_overlapped(const RequestInfo& r, int h, int m0, int kt0, int kt1,
-                                       float (&o)[MI][NO][4], float (&m_run)[MI][2], float (&l_run)[MI][2],
-                                       const uint32_t* const (&mask_row)[MI][2]) {
+                                       float (&o)[NO][4], float (&m_run)[2], float (&l_run)[2],
+                                       const uint32_t* const (&mask_row)[2]) {
     static_assert(C::kStages == 2 && C::kRowSlots == 3, "two K and two V buffers, three row-pointer slots");
     constexpr int kKTile = C::kBlockN * C::kDqk, kVTileElems = C::kBlockN * C::kDv;
     stage_first_rows(r, h, kt0, kt1, 2);
@@ -240,11 +232,9 @@ struct TreeVerifyCta {
     // iteration then issues the same GEMMs (a wgmma behind a branch makes ptxas serialize them all).
     uint4* v_pad = reinterpret_cast<uint4*>(sV + kVTileElems);
     for (int i = tid; i < kVTileElems / 8; i += C::kThreads) v_pad[i] = make_uint4(0, 0, 0, 0);
-    uint32_t p_prev[C::kBlockN / 16][MI][4];  // P of tile kt - 1 (A fragments): its PV GEMM reads them
+    uint32_t p_prev[C::kBlockN / 16][4];  // P of tile kt - 1 (A fragments): its PV GEMM reads them
 #pragma unroll
-    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) p_prev[kk][mi][0] = p_prev[kk][mi][1] = p_prev[kk][mi][2] = p_prev[kk][mi][3] = 0;
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) p_prev[kk][0] = p_prev[kk][1] = p_prev[kk][2] = p_prev[kk][3] = 0;
     __syncthreads();
     load_q(r, h, m0);
     if (kt0 < kt1) load_rows<C::kChunksQK>(sKRow, sK);
@@ -262,32 +252,30 @@ struct TreeVerifyCta {
       const int ahead = kt + 2;
       KeyRows ahead_rows{nullptr, nullptr};
       if (tid < C::kBlockN && ahead < kt1) ahead_rows = key_rows(r, h, ahead * C::kBlockN + tid);
-      uint64_t vis[MI][2][kVisWords];
+      uint64_t vis[2][kVisWords];
       const bool masked = tile_masked(r, kt);
       const bool warp_sees = masked ? tile_visibility(r, kt, mask_row, vis) : true;
-      float s[MI][NS][4];
+      float s[NS][4];
       issue_qk(sK + (i & 1) * kKTile, s);
       issue_pv_regs(p_prev, sV + ((i - 1) & 1) * kVTileElems, o);
 
       wgmma_wait<1>();  // S of tile kt
-      fence_registers<MI * NS * 4>(&s[0][0][0]);
-      float corrections[MI][2];
+      fence_registers<NS * 4>(&s[0][0]);
+      float corrections[2];
       const bool rescale = softmax_tile(r, kt, masked, warp_sees, vis, s, m_run, l_run, corrections);
-      uint32_t p_cur[C::kBlockN / 16][MI][4];
+      uint32_t p_cur[C::kBlockN / 16][4];
       p_fragments(s, p_cur);
       // ptxas hoists a wait above independent arithmetic, which would leave no softmax to overlap the PV GEMM
       // with: a barrier that reduces the row sums (every probability) keeps the softmax before the wait.
-      barrier_after(l_run[0][0] + l_run[0][1]);
+      barrier_after(l_run[0] + l_run[1]);
       wgmma_wait<0>();
-      fence_registers<MI * NO * 4>(&o[0][0][0]);
-      fence_registers<C::kBlockN / 16 * MI * 4>(&p_prev[0][0][0]);
+      fence_registers<NO * 4>(&o[0][0]);
+      fence_registers<C::kBlockN / 16 * 4>(&p_prev[0][0]);
       rescale_o(o, corrections, rescale);
 #pragma unroll
       for (int kk = 0; kk < C::kBlockN / 16; ++kk)
 #pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) p_prev[kk][mi][e] = p_cur[kk][mi][e];
+        for (int e = 0; e < 4; ++e) p_prev[kk][e] = p_cur[kk][e];
       if (tid < C::kBlockN) stage_rows(((i + 2) % 3) * C::kBlockN + tid, ahead_rows);
     }
     cp_async_wait<0>();
@@ -295,7 +283,7 @@ struct TreeVerifyCta {
     __syncthreads();  // V of the last tile landed
     issue_pv_regs(p_prev, sV + ((kt1 - 1 - kt0) & 1) * kVTileElems, o);
     wgmma_wait<0>();
-    fence_registers<MI * NO * 4>(&o[0][0][0]);
+    fence_registers<NO * 4>(&o[0][0]);
   }
 
   // A CTA barrier (id 1) that takes x as an input: whatever computes x happens before it, and ptxas keeps a
@@ -308,24 +296,20 @@ struct TreeVerifyCta {
   // Folds a per-row value (each quad's copy) over the WARPS_N warps of the row group with `op`, through sRed.
   // The caller orders it after the previous readers of sRed.
   template <class Op>
-  __device__ __forceinline__ void across_warps(float (&v)[MI][2], float init, Op op) {
-    auto at = [&](int w, int mi, int half) -> float& {
-      return sRed[w * C::kBlockM + (wm * MI + mi) * 16 + (lane >> 2) + 8 * half];
+  __device__ __forceinline__ void across_warps(float (&v)[2], float init, Op op) {
+    auto at = [&](int w, int half) -> float& {
+      return sRed[w * C::kBlockM + wm * 16 + (lane >> 2) + 8 * half];
     };
     if ((lane & 3) == 0)
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) at(wn, mi, half) = v[mi][half];
+      for (int half = 0; half < 2; ++half) at(wn, half) = v[half];
     __syncthreads();
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        float acc = init;
-        for (int w = 0; w < C::kWarpsN; ++w) acc = op(acc, at(w, mi, half));
-        v[mi][half] = acc;
-      }
+    for (int half = 0; half < 2; ++half) {
+      float acc = init;
+      for (int w = 0; w < C::kWarpsN; ++w) acc = op(acc, at(w, half));
+      v[half] = acc;
+    }
   }
 
   // Tile kt reaches the draft columns or the end of the keys: the tree mask applies (prefix tiles are mask-free).
@@ -334,23 +318,20 @@ struct TreeVerifyCta {
   // Visibility of this warp's keys of tile kt (64-column windows from its first key) for each of this thread's
   // rows. Returns whether the warp's rows see anything there.
   static constexpr int kVisWords = (C::kKeysPerWarp + 63) / 64;
-  __device__ bool tile_visibility(const RequestInfo& r, int kt, const uint32_t* const (&mask_row)[MI][2],
-                                  uint64_t (&vis)[MI][2][kVisWords]) const {
+  __device__ bool tile_visibility(const RequestInfo& r, int kt, const uint32_t* const (&mask_row)[2],
+                                  uint64_t (&vis)[2][kVisWords]) const {
     const int key0 = kt * C::kBlockN + wn * C::kKeysPerWarp;
     bool any = false;
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
+    for (int half = 0; half < 2; ++half)
 #pragma unroll
-      for (int half = 0; half < 2; ++half)
-#pragma unroll
-        for (int w = 0; w < kVisWords; ++w) {
-          const uint64_t bits = mask_row[mi][half] == nullptr
-                                    ? 0ull
-                                    : visible_columns(mask_row[mi][half], p.mask_words, key0 + 64 * w,
-                                                      r.prefix_len, r.kv_len);
-          vis[mi][half][w] = bits;
-          any |= (C::kKeysPerWarp >= 64 ? bits : (bits & ((1ull << C::kKeysPerWarp) - 1))) != 0;
-        }
+      for (int w = 0; w < kVisWords; ++w) {
+        const uint64_t bits = mask_row[half] == nullptr ? 0ull
+                                                        : visible_columns(mask_row[half], p.mask_words,
+                                                                          key0 + 64 * w, r.prefix_len, r.kv_len);
+        vis[half][w] = bits;
+        any |= (C::kKeysPerWarp >= 64 ? bits : (bits & ((1ull << C::kKeysPerWarp) - 1))) != 0;
+      }
     return __any_sync(0xffffffffu, any);
   }
 
@@ -358,120 +339,106 @@ struct TreeVerifyCta {
   // tiles: `vis`, nothing where the warp sees nothing), and the online-softmax update of the rows' reference
   // maxima and sums. `corrections` rescale what O accumulated; returns whether any reference of the warp moved.
   __device__ bool softmax_tile(const RequestInfo& r, int kt, bool masked, bool warp_sees,
-                               const uint64_t (&vis)[MI][2][kVisWords], float (&s)[MI][NS][4],
-                               float (&m_run)[MI][2], float (&l_run)[MI][2], float (&corrections)[MI][2]) {
+                               const uint64_t (&vis)[2][kVisWords], float (&s)[NS][4],
+                               float (&m_run)[2], float (&l_run)[2], float (&corrections)[2]) {
     // Uniform branches: each variant is one tight loop. A positive scale is folded into the exponent's FMA
     // instead (the max commutes with it): one instruction per score.
     float score_scale = 1.f;
     if (p.logit_cap > 0.f) {
       const float inner = p.sm_scale / p.logit_cap, outer = p.logit_cap * 1.4426950408889634f;
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
+      for (int n = 0; n < NS; ++n)
 #pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][n][e] = outer * tanhf(s[mi][n][e] * inner);
+        for (int e = 0; e < 4; ++e) s[n][e] = outer * tanhf(s[n][e] * inner);
     } else if (p.scale_log2 > 0.f) {
       score_scale = p.scale_log2;
     } else {
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
+      for (int n = 0; n < NS; ++n)
 #pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[mi][n][e] *= p.scale_log2;
+        for (int e = 0; e < 4; ++e) s[n][e] *= p.scale_log2;
     }
     if (masked) {
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          // Bit (n % 8) * 8 + e of mine[n / 8] is this thread's key n * 8 + 2 * (lane % 4) + e of the warp.
-          uint64_t mine[kVisWords];
-#pragma unroll
-          for (int w = 0; w < kVisWords; ++w) mine[w] = warp_sees ? vis[mi][half][w] >> (2 * (lane & 3)) : 0ull;
-#pragma unroll
-          for (int n = 0; n < NS; ++n)
-#pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (!((mine[n / 8] >> ((n % 8) * 8 + e)) & 1ull)) s[mi][n][2 * half + e] = -INFINITY;
-        }
-    }
-    float tile_max[MI][2];
-#pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
       for (int half = 0; half < 2; ++half) {
-        float mx = -INFINITY;
+        // Bit (n % 8) * 8 + e of mine[n / 8] is this thread's key n * 8 + 2 * (lane % 4) + e of the warp.
+        uint64_t mine[kVisWords];
 #pragma unroll
-        for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[mi][n][2 * half], s[mi][n][2 * half + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        tile_max[mi][half] = mx;
+        for (int w = 0; w < kVisWords; ++w) mine[w] = warp_sees ? vis[half][w] >> (2 * (lane & 3)) : 0ull;
+#pragma unroll
+        for (int n = 0; n < NS; ++n)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+            if (!((mine[n / 8] >> ((n % 8) * 8 + e)) & 1ull)) s[n][2 * half + e] = -INFINITY;
       }
+    }
+    float tile_max[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < NS; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * half], s[n][2 * half + 1]));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      tile_max[half] = mx;
+    }
     if constexpr (C::kWarpsN > 1) across_warps(tile_max, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
 
     bool rescale = false;
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
+    for (int half = 0; half < 2; ++half) {
+      // A row's reference maximum moves only when the tile's exceeds it by more than 8 (log2 units):
+      // probabilities up to 2^8 lose nothing in T or in the fp32 sums, and most tiles then rescale nothing.
+      const float m_tile = tile_max[half] * score_scale;
+      const float m_new = m_tile > m_run[half] + 8.f ? m_tile : m_run[half];
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: keep zeros, no NaN
+      const float correction = fast_exp2(m_run[half] - m_use);
+      m_run[half] = m_new;
+      float sum = 0.f;
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        // A row's reference maximum moves only when the tile's exceeds it by more than 8 (log2 units):
-        // probabilities up to 2^8 lose nothing in T or in the fp32 sums, and most tiles then rescale nothing.
-        const float m_tile = tile_max[mi][half] * score_scale;
-        const float m_new = m_tile > m_run[mi][half] + 8.f ? m_tile : m_run[mi][half];
-        const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: keep zeros, no NaN
-        const float correction = fast_exp2(m_run[mi][half] - m_use);
-        m_run[mi][half] = m_new;
-        float sum = 0.f;
+      for (int n = 0; n < NS; ++n)
 #pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float pv = fast_exp2(fmaf(s[mi][n][2 * half + e], score_scale, -m_use));
-            s[mi][n][2 * half + e] = pv;
-            sum += pv;
-          }
-        l_run[mi][half] = l_run[mi][half] * correction + sum;
-        corrections[mi][half] = correction;
-        rescale |= correction != 1.f;
-      }
+        for (int e = 0; e < 2; ++e) {
+          const float pv = fast_exp2(fmaf(s[n][2 * half + e], score_scale, -m_use));
+          s[n][2 * half + e] = pv;
+          sum += pv;
+        }
+      l_run[half] = l_run[half] * correction + sum;
+      corrections[half] = correction;
+      rescale |= correction != 1.f;
+    }
     return rescale;
   }
 
   // Once the reference maxima settle, most tiles move none of them: the warp then skips rescaling O.
-  __device__ __forceinline__ void rescale_o(float (&o)[MI][NO][4], const float (&corrections)[MI][2],
+  __device__ __forceinline__ void rescale_o(float (&o)[NO][4], const float (&corrections)[2],
                                             bool rescale) {
     if (__any_sync(0xffffffffu, rescale)) {
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
+      for (int half = 0; half < 2; ++half)
 #pragma unroll
-        for (int half = 0; half < 2; ++half)
-#pragma unroll
-          for (int n = 0; n < NO; ++n) {
-            o[mi][n][2 * half] *= corrections[mi][half];
-            o[mi][n][2 * half + 1] *= corrections[mi][half];
-          }
+        for (int n = 0; n < NO; ++n) {
+          o[n][2 * half] *= corrections[half];
+          o[n][2 * half + 1] *= corrections[half];
+        }
     }
   }
 
   // P as A fragments of the PV GEMM: the S accumulator layout, rounded to T.
-  __device__ __forceinline__ void p_fragments(const float (&s)[MI][NS][4], uint32_t (&a)[C::kBlockN / 16][MI][4]) {
+  __device__ __forceinline__ void p_fragments(const float (&s)[NS][4], uint32_t (&a)[C::kBlockN / 16][4]) {
 #pragma unroll
-    for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        a[kk][mi][0] = pack2<T>(s[mi][2 * kk][0], s[mi][2 * kk][1]);
-        a[kk][mi][1] = pack2<T>(s[mi][2 * kk][2], s[mi][2 * kk][3]);
-        a[kk][mi][2] = pack2<T>(s[mi][2 * kk + 1][0], s[mi][2 * kk + 1][1]);
-        a[kk][mi][3] = pack2<T>(s[mi][2 * kk + 1][2], s[mi][2 * kk + 1][3]);
-      }
+    for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
+      a[kk][0] = pack2<T>(s[2 * kk][0], s[2 * kk][1]);
+      a[kk][1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
+      a[kk][2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[kk][3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
   }
 
   // One KV tile with each GEMM waited for where it is issued (run_tiles).
-  __device__ void compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[MI][NO][4],
-                               float (&m_run)[MI][2], float (&l_run)[MI][2],
-                               const uint32_t* const (&mask_row)[MI][2]) {
+  __device__ void compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[NO][4],
+                               float (&m_run)[2], float (&l_run)[2],
+                               const uint32_t* const (&mask_row)[2]) {
     stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform for the compiler (see wg)
     const bool masked = tile_masked(r, kt);
     const T* k_tile = sK + stage * (C::kBlockN * C::kDqk);
@@ -479,42 +446,35 @@ struct TreeVerifyCta {
     // Same swizzle either way: V is K's first columns.
     const T* v_tile = v_k || !C::kVTile ? k_tile : sV + stage * (C::kBlockN * C::kDv);
 
-    uint64_t vis[MI][2][kVisWords];
+    uint64_t vis[2][kVisWords];
     const bool warp_sees = masked ? tile_visibility(r, kt, mask_row, vis) : true;
     // A fully masked tree tile costs a warp no tensor-core work on the mma.sync path; wgmma is issued by the
     // whole warpgroup, so there every warp computes (the mask then hides what it must).
     const bool skip_tile = !C::kWgmma && !warp_sees;
 
-    float s[MI][NS][4];
+    float s[NS][4];
 #pragma unroll
-    for (int mi = 0; mi < MI; ++mi)
-#pragma unroll
-      for (int n = 0; n < NS; ++n) s[mi][n][0] = s[mi][n][1] = s[mi][n][2] = s[mi][n][3] = 0.f;
+    for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
     if constexpr (C::kWgmma) {
       issue_qk(k_tile, s);
       wgmma_wait<0>();
     } else if (!skip_tile) {
 #pragma unroll
       for (int kk = 0; kk < C::kDqk / 16; ++kk) {
-        uint32_t a[MI][4];
-#pragma unroll
-        for (int mi = 0; mi < MI; ++mi)
-          ldmatrix_x4(a[mi], sQ + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
+        uint32_t a[4];
+        ldmatrix_x4(a, sQ + swizzle(wm * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
 #pragma unroll
         for (int nj = 0; nj < NS / 2; ++nj) {
           uint32_t b[4];
           const int key = wn * C::kKeysPerWarp + nj * 16 + (lane & 7) + ((lane >> 4) << 3);
           ldmatrix_x4(b, k_tile + swizzle(key, kk * 2 + ((lane >> 3) & 1), C::kBlockN) * 8);
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi) {
-            mma_16816<T>(s[mi][2 * nj], a[mi], b[0], b[1]);
-            mma_16816<T>(s[mi][2 * nj + 1], a[mi], b[2], b[3]);
-          }
+          mma_16816<T>(s[2 * nj], a, b[0], b[1]);
+          mma_16816<T>(s[2 * nj + 1], a, b[2], b[3]);
         }
       }
     }
 
-    float corrections[MI][2];
+    float corrections[2];
     const bool rescale = softmax_tile(r, kt, masked, warp_sees, vis, s, m_run, l_run, corrections);
     rescale_o(o, corrections, rescale);
 
@@ -522,7 +482,7 @@ struct TreeVerifyCta {
       if constexpr (!C::kVTile)
         if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
       if (skip_tile) return;  // P is all zeros
-      uint32_t a[C::kBlockN / 16][MI][4];
+      uint32_t a[C::kBlockN / 16][4];
       p_fragments(s, a);
       if constexpr (C::kWgmma) {
         issue_pv_regs(a, v_tile, o);
@@ -534,16 +494,14 @@ struct TreeVerifyCta {
     } else {
       // Share P: the PV phase needs every key of the row group, the S phase split them across warps.
 #pragma unroll
-      for (int mi = 0; mi < MI; ++mi)
+      for (int n = 0; n < NS; ++n)
 #pragma unroll
-        for (int n = 0; n < NS; ++n)
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            const int row = (wm * MI + mi) * 16 + (lane >> 2) + 8 * half;
-            const int col = wn * C::kKeysPerWarp + n * 8 + 2 * (lane & 3);
-            *reinterpret_cast<uint32_t*>(sP + swizzle(row, col / 8, C::kBlockM) * 8 + col % 8) =
-                pack2<T>(s[mi][n][2 * half], s[mi][n][2 * half + 1]);
-          }
+        for (int half = 0; half < 2; ++half) {
+          const int row = wm * 16 + (lane >> 2) + 8 * half;
+          const int col = wn * C::kKeysPerWarp + n * 8 + 2 * (lane & 3);
+          *reinterpret_cast<uint32_t*>(sP + swizzle(row, col / 8, C::kBlockM) * 8 + col % 8) =
+              pack2<T>(s[n][2 * half], s[n][2 * half + 1]);
+        }
       if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads P through the async proxy
       __syncthreads();
       if constexpr (!C::kVTile)
@@ -554,10 +512,8 @@ struct TreeVerifyCta {
       } else {
 #pragma unroll
         for (int kk = 0; kk < C::kBlockN / 16; ++kk) {
-          uint32_t a[MI][4];
-#pragma unroll
-          for (int mi = 0; mi < MI; ++mi)
-            ldmatrix_x4(a[mi], sP + swizzle((wm * MI + mi) * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
+          uint32_t a[4];
+          ldmatrix_x4(a, sP + swizzle(wm * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
           pv_step(a, v_tile, kk, o);
         }
       }
@@ -575,13 +531,13 @@ struct TreeVerifyCta {
   static constexpr uint64_t k_major_step(int kk, int rows) { return ((kk / 4) * rows * 128 + (kk % 4) * 32) >> 4; }
 
   // S = Q Kᵀ: Q and K both K-major (rows of Dqk). Overwrites s.
-  __device__ __forceinline__ void issue_qk(const T* k_tile, float (&s)[MI][NS][4]) {
+  __device__ __forceinline__ void issue_qk(const T* k_tile, float (&s)[NS][4]) {
     const uint64_t q_desc = smem_desc(sQ + wg_row0 * 64, 16, kGroupBytes);
     const uint64_t k_desc = smem_desc(k_tile + wg_n * C::kKeysPerWarp * 64, 16, kGroupBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kDqk / 16; ++kk)
-      Wgmma<C::kKeysPerWarp>::template ss<kBf16, 0>(&s[0][0][0], q_desc + k_major_step(kk, C::kBlockM),
+      Wgmma<C::kKeysPerWarp>::template ss<kBf16, 0>(&s[0][0], q_desc + k_major_step(kk, C::kBlockM),
                                                     k_desc + k_major_step(kk, C::kBlockN), kk > 0);
     wgmma_commit();
   }
@@ -594,42 +550,39 @@ struct TreeVerifyCta {
   static constexpr uint64_t v_step(int kk) { return (kk * 2 * kGroupBytes) >> 4; }
 
   // O += P V with P in registers (WARPS_N = 1).
-  __device__ __forceinline__ void issue_pv_regs(const uint32_t (&a)[C::kBlockN / 16][MI][4], const T* v_tile,
-                                                float (&o)[MI][NO][4]) {
+  __device__ __forceinline__ void issue_pv_regs(const uint32_t (&a)[C::kBlockN / 16][4], const T* v_tile,
+                                                float (&o)[NO][4]) {
     const uint64_t desc = v_desc(v_tile);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-      Wgmma<C::kDvPerWarp>::template rs<kBf16, 1>(&o[0][0][0], a[kk][0], desc + v_step(kk), 1);
+      Wgmma<C::kDvPerWarp>::template rs<kBf16, 1>(&o[0][0], a[kk], desc + v_step(kk), 1);
     wgmma_commit();
   }
 
   // O += P V with P shared through shared memory (WARPS_N > 1), K-major like Q.
-  __device__ __forceinline__ void issue_pv_smem(const T* v_tile, float (&o)[MI][NO][4]) {
+  __device__ __forceinline__ void issue_pv_smem(const T* v_tile, float (&o)[NO][4]) {
     const uint64_t p_desc = smem_desc(sP + wg_row0 * 64, 16, kGroupBytes);
     const uint64_t desc = v_desc(v_tile);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-      Wgmma<C::kDvPerWarp>::template ss<kBf16, 1>(&o[0][0][0], p_desc + k_major_step(kk, C::kBlockM),
+      Wgmma<C::kDvPerWarp>::template ss<kBf16, 1>(&o[0][0], p_desc + k_major_step(kk, C::kBlockM),
                                                   desc + v_step(kk), 1);
     wgmma_commit();
   }
 
   // O[:, this warp's Dv columns] += P[:, keys kk*16 .. +16] V[keys, columns].
-  __device__ __forceinline__ void pv_step(const uint32_t (&a)[MI][4], const T* v_tile, int kk,
-                                          float (&o)[MI][NO][4]) {
+  __device__ __forceinline__ void pv_step(const uint32_t (&a)[4], const T* v_tile, int kk,
+                                          float (&o)[NO][4]) {
 #pragma unroll
     for (int nd = 0; nd < NO / 2; ++nd) {
       uint32_t b[4];
       const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
       const int chunk = (wn * C::kDvPerWarp + nd * 16) / 8 + (lane >> 4);
       ldmatrix_x4_trans(b, v_tile + swizzle(key, chunk, C::kBlockN) * 8);
-#pragma unroll
-      for (int mi = 0; mi < MI; ++mi) {
-        mma_16816<T>(o[mi][2 * nd], a[mi], b[0], b[1]);
-        mma_16816<T>(o[mi][2 * nd + 1], a[mi], b[2], b[3]);
-      }
+      mma_16816<T>(o[2 * nd], a, b[0], b[1]);
+      mma_16816<T>(o[2 * nd + 1], a, b[2], b[3]);
     }
   }
 
@@ -639,11 +592,11 @@ struct TreeVerifyCta {
            C::kDv;
   }
 
-  __device__ void store_output(const RequestInfo& r, int h, int m0, const float (&o)[MI][NO][4],
-                               const float (&l_run)[MI][2]);
+  __device__ void store_output(const RequestInfo& r, int h, int m0, const float (&o)[NO][4],
+                               const float (&l_run)[2]);
 
-  __device__ void store_partial(const float (&o)[MI][NO][4], const float (&m_run)[MI][2],
-                                const float (&l_run)[MI][2], long long slot);
+  __device__ void store_partial(const float (&o)[NO][4], const float (&m_run)[2],
+                                const float (&l_run)[2], long long slot);
 
   // Merge the pieces of a split row tile (slots first_piece .. first_piece + pieces - 1). The merge is
   // latency-bound, so the per-(piece, row) weights are staged in the idle K/V buffers first and every thread

@@ -7,45 +7,41 @@
 namespace kdtree::cuda {
 
 template <class C>
-__device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int m0, const float (&o)[MI][NO][4],
-                                               const float (&l_run)[MI][2]) {
+__device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int m0, const float (&o)[NO][4],
+                                               const float (&l_run)[2]) {
   T* out = static_cast<T*>(p.out);
 #pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
+  for (int half = 0; half < 2; ++half) {
+    const int packed = m0 + wm * 16 + (lane >> 2) + 8 * half;
+    if (packed >= r.tree_len * p.group) continue;
+    const float inv = l_run[half] > 0.f ? 1.f / l_run[half] : 0.f;  // sees nothing: zeros
+    T* dst = out + out_offset(r, h, packed);
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int packed = m0 + (wm * MI + mi) * 16 + (lane >> 2) + 8 * half;
-      if (packed >= r.tree_len * p.group) continue;
-      const float inv = l_run[mi][half] > 0.f ? 1.f / l_run[mi][half] : 0.f;  // sees nothing: zeros
-      T* dst = out + out_offset(r, h, packed);
-#pragma unroll
-      for (int n = 0; n < NO; ++n) {
-        const int col = wn * C::kDvPerWarp + n * 8 + 2 * (lane & 3);
-        *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(o[mi][n][2 * half] * inv, o[mi][n][2 * half + 1] * inv);
-      }
+    for (int n = 0; n < NO; ++n) {
+      const int col = wn * C::kDvPerWarp + n * 8 + 2 * (lane & 3);
+      *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
     }
+  }
 }
 
 template <class C>
-__device__ void TreeVerifyCta<C>::store_partial(const float (&o)[MI][NO][4], const float (&m_run)[MI][2],
-                                                const float (&l_run)[MI][2], long long slot) {
+__device__ void TreeVerifyCta<C>::store_partial(const float (&o)[NO][4], const float (&m_run)[2],
+                                                const float (&l_run)[2], long long slot) {
   float* po = p.partial_out + static_cast<int64_t>(slot) * C::kBlockM * C::kDv;
 #pragma unroll
-  for (int mi = 0; mi < MI; ++mi)
+  for (int half = 0; half < 2; ++half) {
+    const int row = wm * 16 + (lane >> 2) + 8 * half;
+    const float l = l_run[half];
+    const float inv = l > 0.f ? 1.f / l : 0.f;
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = (wm * MI + mi) * 16 + (lane >> 2) + 8 * half;
-      const float l = l_run[mi][half];
-      const float inv = l > 0.f ? 1.f / l : 0.f;
-#pragma unroll
-      for (int n = 0; n < NO; ++n) {
-        const int col = wn * C::kDvPerWarp + n * 8 + 2 * (lane & 3);
-        *reinterpret_cast<float2*>(po + row * C::kDv + col) = make_float2(o[mi][n][2 * half] * inv,
-                                                                          o[mi][n][2 * half + 1] * inv);
-      }
-      if (wn == 0 && (lane & 3) == 0)
-        p.partial_lse[slot * C::kBlockM + row] = l > 0.f ? m_run[mi][half] + __log2f(l) : -INFINITY;
+    for (int n = 0; n < NO; ++n) {
+      const int col = wn * C::kDvPerWarp + n * 8 + 2 * (lane & 3);
+      *reinterpret_cast<float2*>(po + row * C::kDv + col) = make_float2(o[n][2 * half] * inv,
+                                                                        o[n][2 * half + 1] * inv);
     }
+    if (wn == 0 && (lane & 3) == 0)
+      p.partial_lse[slot * C::kBlockM + row] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
+  }
 }
 
 template <class C>
