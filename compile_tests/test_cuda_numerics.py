@@ -130,6 +130,46 @@ def test_empty_and_idle_requests(ops):
     check_case(ops, only_padding)
 
 
+# --- scores that jump in later tiles: the kernels move a row's reference maximum only by more than 2^8 ------
+
+
+JUMP_CASES = {
+    # name: make_verify_case arguments. Dqk 128 and 64 run the overlapped wgmma loop (wide and narrow
+    # configurations), Dqk 256 and MLA the other one.
+    "hd128": dict(tree_sizes=[64, 20], prefix_lens=[3000, 700], num_q_heads=32, num_kv_heads=8,
+                  head_dim_qk=128, head_dim_v=128),
+    "hd64_short_trees": dict(tree_sizes=[16, 16, 16], prefix_lens=[900, 2000, 300], num_q_heads=8,
+                             num_kv_heads=2, head_dim_qk=64, head_dim_v=64, draft_mode="separate"),
+    "hd256": dict(tree_sizes=[40], prefix_lens=[1500], num_q_heads=16, num_kv_heads=2, head_dim_qk=256,
+                  head_dim_v=256, dtype=torch.float16),
+    "mla": dict(tree_sizes=[64, 9], prefix_lens=[2500, 600], num_q_heads=16, num_kv_heads=1, head_dim_qk=576,
+                head_dim_v=512, layout="mla"),
+}
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
+@pytest.mark.parametrize("name", list(JUMP_CASES))
+def test_scores_jump_in_later_tiles(ops, name, portable, monkeypatch):
+    """Eight keys a third into each prefix get K scaled by 10, eight at two thirds by 20 (MLA: the 64 rope
+    columns, by 4 times as much, so that V stays as it is): most rows' maxima then jump by far more than 2^8
+    after earlier tiles set them, and O must be rescaled there (unit-variance scores rarely move that far)."""
+    if portable:
+        monkeypatch.setenv("KDTREE_OPS_PORTABLE_MMA", "1")
+    kwargs = dict(dtype=torch.bfloat16, device="cuda", generator=gen(len(name) + 7))
+    kwargs.update(JUMP_CASES[name])
+    case = make_verify_case(**kwargs)
+    kv_indptr, kv_indices = case.kv_indptr.tolist(), case.kv_indices.long()
+    columns = slice(512, 576) if kwargs.get("layout") == "mla" else slice(None)
+    for b, prefix in enumerate(kwargs["prefix_lens"]):
+        for fraction, factor in ((1 / 3, 10.0), (2 / 3, 20.0)):
+            if kwargs.get("layout") == "mla":
+                factor *= 4
+            first = kv_indptr[b] + int(prefix * fraction)
+            slots = kv_indices[first:first + 8]
+            case.k_cache[slots, :, columns] *= factor
+    check_case(ops, case)
+
+
 # --- big calls: where splits and the combine matter ----------------------------------------------------
 
 
