@@ -16,17 +16,16 @@ for n in Ns:
             sig = "float* d, const uint32_t (&a)[4], uint64_t b, int accumulate"
             a_txt = f"{{%{r + 1}, %{r + 2}, %{r + 3}, %{r + 4}}}"; b_txt = f"%{r + 5}"; tr = f"1, 1, %{r + 6}"
             ins = '"r"(accumulate), "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "n"(kTransB)'
-        body = []
-        for ty in ("bf16", "f16"):
-            body.append(f'      asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r}, 0;\\n"\n'
-                        f'                   "wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{ty}.{ty} {{{d_list(n)}}}, {a_txt}, {b_txt}, p, {tr};\\n}}\\n"\n'
-                        f'                   : {d_ops(n)}\n                   : {ins});')
+        # One instruction text per form; TY (a string literal) names the operand type inside it.
+        asm = (f'#define KDTREE_WGMMA(TY) asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{r}, 0;\\n" \\\n'
+               f'    "wgmma.mma_async.sync.aligned.m64n{n}k16.f32." TY "." TY " {{{d_list(n)}}}, {a_txt}, {b_txt}, p, {tr};\\n}}\\n" \\\n'
+               f'    : {d_ops(n)} \\\n    : {ins})')
         blocks.append(f"""  template <bool kBf16, int kTransB>
   __device__ __forceinline__ static void {form}({sig}) {{
-    if constexpr (kBf16)
-{body[0]}
-    else
-{body[1]}
+{asm}
+    if constexpr (kBf16) KDTREE_WGMMA("bf16");
+    else KDTREE_WGMMA("f16");
+#undef KDTREE_WGMMA
   }}""")
     out.append(f"template <>\nstruct Wgmma<{n}> {{\n" + "\n".join(blocks) + "\n};\n")
 import pathlib, re
