@@ -112,8 +112,7 @@ struct TreeVerifyCta {
   // V of tile `kt` is the K tile's first Dv columns (MLA's latent cache), so it needs no load of its own.
   __device__ bool v_from_k(const RequestInfo& r, int kt) const {
     if (!p.cache_v_aliases_k) return false;
-    const bool reaches_draft = (kt + 1) * C::kBlockN > r.prefix_len;
-    return !reaches_draft || p.k_draft == nullptr || p.draft_v_aliases_k;
+    return !tile_masked(r, kt) || p.k_draft == nullptr || p.draft_v_aliases_k;  // a prefix tile, or V aliases K
   }
 
   // Row tile (head h, m tile mt) over KV tiles [kt0, kt1): piece `piece` of the `pieces` (from first_piece on)
