@@ -35,12 +35,21 @@
 //     with four pieces' loads in flight                                   36 / 106 /  89 / 104 /  99 / 428 /   -
 //   tried: the overlapped loop with 64-key tiles: G2 126 us; without the barrier that keeps the softmax before
 //   the PV wait (ptxas then waits first): G2 108 us.
-// What bounds it now (G2): about 800 warp instructions per warp per KV tile, issued at about 0.26 per scheduler
-// cycle (ncu) with two warps per scheduler (one CTA of 8 warps, 255 registers); the top stalls are the CTA
-// barrier of each tile and fixed-latency dependencies. Removing parts of the loop: no K/V loads 87 us, no GEMMs
-// 95 us, both present 106 us; the rest (softmax, mask, loop, fixed per-call cost: G1 is 33 us even without
-// loads) is the larger share. Next: a producer warp for the gathers with mbarrier-tracked stages (no CTA
-// barrier per tile) and setmaxnreg to give the consumers registers for three warpgroups.
+//   GQA (Dv <= 128), warp-specialized: a fourth warpgroup gathers K
+//     and V (its two halves on their own), mbarrier-tracked buffers
+//     instead of a CTA barrier per tile, setmaxnreg 40 / 232; K's
+//     buffer handed back right after its S GEMM; the two math
+//     warpgroups take turns issuing their GEMMs (MLA unchanged)           33 / 105 /  84 /  99 /   - /   - /   -
+//   tried: 64-key tiles with 4 (3) stages of K and V: G2 113 (111), G4 107 (106) us; an L2 prefetch of the
+//   next tile's rows: no gain. Without the turns: G2 107, G5 103 us.
+// What bounds it now (GQA, development script, us, G1 / G2 / G3 / G4 / G5):
+//   the whole kernel                                          33 / 105 / 111 /  84 /  99
+//   the gathers alone (math warps only wait and hand back)    29 /  89 / 105 /  80 /  75
+//   the math alone (gatherers copy nothing)                   32 /  78 /  75 /  49 /  73
+// So the gathers bound G2, G3 and G4: K/V rows are 256-byte pieces at random slots, and G2 moves 269 MB from L2
+// to the SMs (its two row tiles per KV head share each tile through L2) at about 3 TB/s; more stages in flight
+// did not raise it. G1's per-call cost (launch, schedule, pipeline fill, partial store and merge) is about
+// 29 us with no math at all.
 #pragma once
 
 #include "tree_verify_kernel.cuh"
@@ -61,7 +70,9 @@ template <typename T> using MlaConfig = TreeVerifyConfig<T, 576, 512, 64, 32, 2,
 
 // sm_90a (wgmma, one warpgroup per 64 rows). GQA/MHA: two warpgroups share each K/V tile (BLOCK_M 128), and
 // 128-key tiles give S = Q Kᵀ wgmma N = 128, whose shared-memory reads stay under the bandwidth the tensor
-// cores need; P stays in registers. Dqk 256 keeps BLOCK_N 64 so the 64 x 256 fp32 accumulators fit.
+// cores need; P stays in registers. With Dv <= 128 a third warpgroup gathers the K/V tiles into two buffers
+// each (Q 32 KiB + K 64 KiB + V 64 KiB + the zero tile 32 KiB for Dqk 128). Dqk 256 keeps BLOCK_N 64 so the
+// 64 x 256 fp32 accumulators fit; its math warps gather their own tiles.
 template <typename T> using Hd64Wgmma = TreeVerifyConfig<T, 64, 64, 128, 128, 1, 2, true>;
 template <typename T> using Hd128Wgmma = TreeVerifyConfig<T, 128, 128, 128, 128, 1, 2, true>;
 template <typename T> using Hd256Wgmma = TreeVerifyConfig<T, 256, 256, 128, 64, 1, 2, true>;

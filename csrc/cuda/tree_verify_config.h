@@ -16,17 +16,24 @@ struct TreeVerifyConfig {
   // Without V tiles (shared memory too small), V comes from the K tile: MLA's latent cache, and for draft
   // keys whose V does not alias K, a reload over the K tile after S (load_v_over_k).
   static constexpr bool kVTile = kVTile_;
-  // wgmma with P in registers: the PV GEMM of one tile runs on the tensor cores during the next tile's softmax
-  // (run_tiles_overlapped). K then leads V by a tile, and the K/V row pointers take a third slot. Not for
-  // Dv = 256: O's 128 fp32 registers per thread leave too few for two P tiles (ptxas spilled 316 bytes).
+  // wgmma with P in registers: the PV GEMM of one tile runs on the tensor cores during the next tile's softmax,
+  // and a warpgroup of its own gathers the K/V tiles (run_tiles_overlapped, produce_tiles). Not for Dv = 256:
+  // O's 128 fp32 registers per thread leave too few for two P tiles (ptxas spilled 316 bytes).
   static constexpr bool kOverlapPv = kWgmma && kWarpsN_ == 1 && kVTile && kDv_ <= 128;
-  static constexpr int kRowSlots = kOverlapPv ? 3 : kStages_;
   static constexpr int kWarpsM = kBlockM / 16;  // a warp owns 16 rows (mma.sync M; a quarter of wgmma M)
-  static constexpr int kThreads = 32 * kWarpsM * kWarpsN;
+  static constexpr int kMathThreads = 32 * kWarpsM * kWarpsN;  // the warps that compute (threads 0 ..)
+  static constexpr int kLoadThreads = kOverlapPv ? 128 : 0;    // the gathering warpgroup (after them)
+  static constexpr int kThreads = kMathThreads + kLoadThreads;
+  // Warp-specialized CTAs split the registers: the gatherers release all but kLoadRegs, the math warps take
+  // them. One CTA per SM, or two where a single math warpgroup's shared memory allows (the narrow tiles).
+  static constexpr int kCtasPerSm = kLoadThreads > 0 && kMathThreads == 128 ? 2 : 1;
+  static constexpr int kLoadRegs = 40;
+  static constexpr int kMathRegs = (65536 / kCtasPerSm - kLoadThreads * kLoadRegs) / kMathThreads / 8 * 8;
   static constexpr int kKeysPerWarp = kBlockN / kWarpsN;  // S phase
   static constexpr int kDvPerWarp = kDv / kWarpsN;        // PV phase
   static constexpr int kChunksQK = kDqk / 8, kChunksV = kDv / 8;
-  static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kBlockN <= kThreads, "tile shape");
+  static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kBlockN <= kMathThreads, "tile shape");
+  static_assert(kLoadThreads == 0 || (kBlockN <= kLoadThreads && kMathRegs <= 256), "gathering warpgroup");
   static_assert(kWarpsN == 1 || kBlockN <= 64, "the P exchange holds 64 keys");
   static_assert(kWarpsM % 4 == 0, "whole warpgroups of 16-row warps");
   static_assert(kKeysPerWarp % 16 == 0 && kDvPerWarp % 16 == 0 && kDqk % 64 == 0 && kDv % 64 == 0, "warp split");
@@ -35,9 +42,14 @@ struct TreeVerifyConfig {
   static constexpr int kKBytes = kBlockN * kDqk * 2;
   static constexpr int kVBytes = kVTile ? kBlockN * kDv * 2 : 0;
   static constexpr int kPBytes = kWarpsN > 1 ? kBlockM * ((kBlockN + 63) / 64 * 64) * 2 : 0;  // swizzled blocks
+  // Zeros that the first PV GEMM of a segment multiplies (run_tiles_overlapped).
+  static constexpr int kZeroBytes = kOverlapPv ? kBlockN * kDv * 2 : 0;
   static constexpr int kRedBytes = kWarpsN * kBlockM * 4;
-  static constexpr int kSrcBytes = kRowSlots * kBlockN * 8 * (kVTile ? 2 : 1);  // K (and V) row pointers
-  static constexpr int kFixedSmem = kQBytes + kStages * (kKBytes + kVBytes) + kPBytes + kRedBytes + kSrcBytes + 16;
+  // Full and empty barriers of the K and V buffers (warp-specialized CTAs).
+  static constexpr int kBarrierBytes = kLoadThreads > 0 ? 4 * kStages * 8 : 0;
+  static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile ? 2 : 1);  // K (and V) row pointers
+  static constexpr int kFixedSmem =
+      kQBytes + kStages * (kKBytes + kVBytes) + kZeroBytes + kPBytes + kRedBytes + kBarrierBytes + kSrcBytes + 16;
   // Plus the slack that puts the tiles on a 1024-byte boundary (the swizzle pattern's period).
   static constexpr size_t kSmemBytes = kFixedSmem + 1024;
 };

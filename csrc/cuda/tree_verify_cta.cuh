@@ -12,6 +12,8 @@
 // two paths differ only in how the two GEMMs are issued; the softmax, mask, stores and merge are shared.
 // A row tile split over several CTAs leaves normalized partial outputs and their log-sum-exp in the
 // workspace; the CTA that finishes last (atomic counter) merges them in a fixed order (deterministic).
+// On the wgmma path with P in registers (GQA, Dv <= 128) the CTA is warp-specialized: the math warpgroups
+// compute while one more warpgroup gathers K/V tiles into a ring of buffers tracked by mbarriers.
 // This file: one CTA's state and its per-tile work (run_segment, the tile loops, the softmax, the GEMMs). Its
 // loads are in tree_verify_loads.cuh, its stores and the merge of split pieces in tree_verify_stores.cuh.
 #pragma once
@@ -21,6 +23,7 @@
 
 #include <type_traits>
 
+#include "mbarrier.cuh"
 #include "mma.cuh"
 #include "tree_mask_bits.cuh"
 #include "tree_verify_config.h"
@@ -47,9 +50,16 @@ struct TreeVerifyCta {
   T* sQ;
   T* sK;
   T* sV;
+  T* sZero;
   T* sP;
   float* sRed;
-  const T** sKRow;  // [row slots][BLOCK_N] where each key's K row is (key_rows); nullptr: past the keys
+  // Warp-specialized CTAs: per K and per V buffer, "full" (its copiers' copies landed; kLoadThreads / 2
+  // arrivals) and "empty" (the math warps are done reading it; kMathThreads arrivals).
+  uint64_t* full_k;
+  uint64_t* full_v;
+  uint64_t* empty_k;
+  uint64_t* empty_v;
+  const T** sKRow;  // [stages][BLOCK_N] where each key's K row is (key_rows); nullptr: past the keys
   const T** sVRow;  // same for V rows (configurations with V tiles)
   int* sFlag;
   const int tid = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -64,12 +74,43 @@ struct TreeVerifyCta {
     sQ = reinterpret_cast<T*>(smem);
     sK = reinterpret_cast<T*>(smem + C::kQBytes);
     sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKBytes);
-    sP = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
-    sRed = reinterpret_cast<float*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes) + C::kPBytes);
+    sZero = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
+    sP = reinterpret_cast<T*>(reinterpret_cast<char*>(sZero) + C::kZeroBytes);
+    sRed = reinterpret_cast<float*>(reinterpret_cast<char*>(sP) + C::kPBytes);
+    full_k = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(sRed) + C::kRedBytes);
+    full_v = full_k + C::kStages;
+    empty_k = full_v + C::kStages;
+    empty_v = empty_k + C::kStages;
     sKRow = reinterpret_cast<const T**>(smem + C::kFixedSmem - 16 - C::kSrcBytes);
-    sVRow = sKRow + C::kRowSlots * C::kBlockN;
+    sVRow = sKRow + C::kStages * C::kBlockN;
     sFlag = reinterpret_cast<int*>(smem + C::kFixedSmem - 16);
   }
+
+  // Before the first segment, every thread: the barriers of a warp-specialized CTA, and its zero tile.
+  __device__ void init_pipeline() {
+    if constexpr (C::kLoadThreads > 0) {
+      if (tid == 0)
+        for (int s = 0; s < C::kStages; ++s) {
+          mbarrier_init(full_k + s, C::kLoadThreads / 2);
+          mbarrier_init(full_v + s, C::kLoadThreads / 2);
+          mbarrier_init(empty_k + s, C::kMathThreads);
+          mbarrier_init(empty_v + s, C::kMathThreads);
+        }
+      for (int i = tid; i < C::kZeroBytes / 16; i += C::kThreads)
+        reinterpret_cast<uint4*>(sZero)[i] = make_uint4(0, 0, 0, 0);
+      fence_proxy_async();
+      __syncthreads();
+    }
+  }
+
+  // A barrier of the math warps alone (the gathering warpgroup, if any, does not take part).
+  __device__ __forceinline__ void math_sync() {
+    if constexpr (C::kLoadThreads == 0) __syncthreads();
+    else named_barrier_sync<C::kMathThreads>(kMathBarrier);
+  }
+  // Named barriers: 1 and 2 per math warpgroup (barrier_after), 3 the math warps, 4 and 5 the K and the V
+  // copiers, 6 and 7 the math warpgroups' turns at the tensor cores.
+  static constexpr int kMathBarrier = 3, kLoadBarrier = 4, kTurnBarrier = 6;
 
   __device__ int64_t slot(int i) const {
     return p.kv_indices_int64 ? static_cast<const int64_t*>(p.kv_indices)[i]
@@ -96,11 +137,12 @@ struct TreeVerifyCta {
   // index reads hide behind the tensor cores): one pointer read and one 16-byte copy per chunk.
   __device__ void load_kv(int stage, bool v_from_k);
 
-  // Eight threads copy a row (a warp: four full 128-byte lines per instruction); thread q takes chunk q of
-  // each 64-column block. Rows of one thread are kThreads / 8 apart, a multiple of 8, so its swizzled
-  // position is the same in every row and block: one pointer read per row, constant offsets otherwise.
-  template <int kChunks>
-  __device__ __forceinline__ void load_rows(const T* const* rows, T* dst);
+  // kCopiers threads (`copier` is this one's index) copy a tile of BLOCK_N rows. Eight threads copy a row (a
+  // warp: four full 128-byte lines per instruction); thread q takes chunk q of each 64-column block. Rows of
+  // one thread are kCopiers / 8 apart, a multiple of 8, so its swizzled position is the same in every row and
+  // block: one pointer read per row, constant offsets otherwise.
+  template <int kChunks, int kCopiers>
+  __device__ __forceinline__ void load_rows(const T* const* rows, T* dst, int copier);
 
   // Any valid global address: a zero-filling copy reads nothing from it.
   __device__ const T* dst_fallback() const { return static_cast<const T*>(p.q); }
@@ -117,8 +159,10 @@ struct TreeVerifyCta {
 
   // Row tile (head h, m tile mt) over KV tiles [kt0, kt1): piece `piece` of the `pieces` (from first_piece on)
   // that cover the row tile's keys. A whole row tile is written out; a part leaves a partial in slot `piece`.
+  // The math warps run it; `tiles_before` counts the KV tiles of the CTA's earlier segments (the pipeline's
+  // position). The caller has synchronized the CTA since the previous segment.
   __device__ void run_segment(const RequestInfo& r, int h, int mt, int kt0, int kt1, int row_tile,
-                              long long first_piece, int pieces, long long piece) {
+                              long long first_piece, int pieces, long long piece, int tiles_before) {
     const int m0 = mt * C::kBlockM;
     float o[NO][4];
     float m_run[2], l_run[2];
@@ -136,8 +180,7 @@ struct TreeVerifyCta {
                            : nullptr;
     }
 
-    __syncthreads();  // the previous segment is done with shared memory
-    if constexpr (C::kOverlapPv) run_tiles_overlapped(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
+    if constexpr (C::kOverlapPv) run_tiles_overlapped(r, h, m0, kt0, kt1, tiles_before, o, m_run, l_run, mask_row);
     else run_tiles(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
 
     // Row sums: each thread summed its own columns; add the quad's, then the other WARPS_N warps'.
@@ -149,7 +192,7 @@ struct TreeVerifyCta {
       l_run[half] = l;
     }
     if constexpr (C::kWarpsN > 1) {
-      __syncthreads();  // the last tile's maxima are read
+      math_sync();  // the last tile's maxima are read
       across_warps(l_run, 0.f, [](float a, float b) { return a + b; });
     }
 
@@ -158,13 +201,13 @@ struct TreeVerifyCta {
     } else {
       store_partial(o, m_run, l_run, piece);
       __threadfence();
-      __syncthreads();
+      math_sync();
       if (tid == 0) {
         const int done = atomicAdd(p.row_tile_counters + row_tile, 1);
         const bool last = done == pieces - 1;
         *sFlag = last;
       }
-      __syncthreads();
+      math_sync();
       if (*sFlag) {
         __threadfence();
         combine(r, h, m0, first_piece, pieces);
@@ -174,7 +217,7 @@ struct TreeVerifyCta {
 
   // Row pointers of the tiles [kt0, kt0 + n) into slots 0..n-1 (nullptr past kt1).
   __device__ void stage_first_rows(const RequestInfo& r, int h, int kt0, int kt1, int n) {
-    for (int i = tid; i < n * C::kBlockN; i += C::kThreads) {
+    for (int i = tid; i < n * C::kBlockN; i += C::kMathThreads) {
       const int kt = kt0 + i / C::kBlockN;
       stage_rows(i, kt < kt1 ? key_rows(r, h, kt * C::kBlockN + i % C::kBlockN) : KeyRows{nullptr, nullptr});
     }
@@ -215,51 +258,46 @@ struct TreeVerifyCta {
     cp_async_wait<0>();
   }
 
-  // The KV tiles of a segment on the wgmma path with P in registers. S of tile kt and then O += P V of tile
-  // kt - 1 are issued together; the softmax of tile kt runs on the CUDA cores while the tensor cores still
-  // compute that PV GEMM, and O is rescaled after it. So K leads V by a tile: iteration kt reads K of kt and
-  // V of kt - 1 and loads K of kt + 1 and V of kt into the buffers that K of kt - 1 and V of kt - 2 left (two
-  // of each, as many bytes as two stages of whole tiles). Row pointers of tile t are in slot (t - kt0) % 3:
-  // the slot that receives tile kt + 2 at the end of iteration kt was last read before its barrier.
-  __device__ void run_tiles_overlapped(const RequestInfo& r, int h, int m0, int kt0, int kt1,
+  // The KV tiles of a segment on the wgmma path with P in registers, on the math warps. S of tile kt and then
+  // O += P V of tile kt - 1 are issued together; the softmax of tile kt runs on the CUDA cores while the
+  // tensor cores still compute that PV GEMM, and O is rescaled after it. The gathering warpgroup fills the
+  // K and V buffers (produce_tiles): tile t of the CTA (t = tiles_before + kt - kt0) is in buffer t % STAGES
+  // of each, signalled on full_k / full_v and handed back on empty_k / empty_v once read (K right after its S
+  // GEMM, so its copies for a later tile start while the softmax runs).
+  __device__ void run_tiles_overlapped(const RequestInfo& r, int h, int m0, int kt0, int kt1, int tiles_before,
                                        float (&o)[NO][4], float (&m_run)[2], float (&l_run)[2],
                                        const uint32_t* const (&mask_row)[2]) {
-    static_assert(C::kStages == 2 && C::kRowSlots == 3, "two K and two V buffers, three row-pointer slots");
     constexpr int kKTile = C::kBlockN * C::kDqk, kVTileElems = C::kBlockN * C::kDv;
-    stage_first_rows(r, h, kt0, kt1, 2);
-    // The first iteration's PV GEMM ("tile kt0 - 1") multiplies zeros by the zeroed second V buffer: every
-    // iteration then issues the same GEMMs (a wgmma behind a branch makes ptxas serialize them all).
-    uint4* v_pad = reinterpret_cast<uint4*>(sV + kVTileElems);
-    for (int i = tid; i < kVTileElems / 8; i += C::kThreads) v_pad[i] = make_uint4(0, 0, 0, 0);
+    // The first PV GEMM ("tile kt0 - 1") multiplies zero P by the zero tile: every iteration then issues the
+    // same GEMMs (a wgmma behind a branch makes ptxas serialize them all).
     uint32_t p_prev[C::kBlockN / 16][4];  // P of tile kt - 1 (A fragments): its PV GEMM reads them
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) p_prev[kk][0] = p_prev[kk][1] = p_prev[kk][2] = p_prev[kk][3] = 0;
-    __syncthreads();
     load_q(r, h, m0);
-    if (kt0 < kt1) load_rows<C::kChunksQK>(sKRow, sK);
     cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    math_sync();  // Q landed for every math warp
 
+    const T* v_prev = sZero;
     for (int kt = kt0; kt < kt1; ++kt) {
-      const int i = kt - kt0;
-      cp_async_wait<0>();
-      fence_proxy_async();
-      __syncthreads();  // K of kt and V of kt - 1 landed; every warp is done with K of kt - 1 and V of kt - 2
-      // Loads and index reads first: their address registers are free again before the GEMMs lock theirs.
-      if (kt + 1 < kt1) load_rows<C::kChunksQK>(sKRow + ((i + 1) % 3) * C::kBlockN, sK + ((i + 1) & 1) * kKTile);
-      load_rows<C::kChunksV>(sVRow + (i % 3) * C::kBlockN, sV + (i & 1) * kVTileElems);
-      cp_async_commit();
-      const int ahead = kt + 2;
-      KeyRows ahead_rows{nullptr, nullptr};
-      if (tid < C::kBlockN && ahead < kt1) ahead_rows = key_rows(r, h, ahead * C::kBlockN + tid);
+      // Warp-uniform for the compiler (see wg): the GEMMs' descriptors then step in uniform registers.
+      const int t = __shfl_sync(0xffffffffu, tiles_before + kt - kt0, 0), buf = t % C::kStages;
       uint64_t vis[2][kVisWords];
       const bool masked = tile_masked(r, kt);
       const bool warp_sees = masked ? tile_visibility(r, kt, mask_row, vis) : true;
+      const int prev = (t + C::kStages - 1) % C::kStages;  // buffer of tile t - 1
+      mbarrier_wait(full_k + buf, phase_parity(t));
+      if (kt > kt0) mbarrier_wait(full_v + prev, phase_parity(t - 1));
       float s[NS][4];
-      issue_qk(sK + (i & 1) * kKTile, s);
-      issue_pv_regs(p_prev, sV + ((i - 1) & 1) * kVTileElems, o);
+      take_tensor_turn();
+      issue_qk(sK + buf * kKTile, s);
+      issue_pv_regs(p_prev, v_prev, o);
+      pass_tensor_turn();
 
       wgmma_wait<1>();  // S of tile kt
       fence_registers<NS * 4>(&s[0][0]);
+      mbarrier_arrive(empty_k + buf);  // K of tile kt is read: its buffer may take the next
       float corrections[2];
       const bool rescale = softmax_tile(r, kt, masked, warp_sees, vis, s, m_run, l_run, corrections);
       uint32_t p_cur[C::kBlockN / 16][4];
@@ -270,26 +308,103 @@ struct TreeVerifyCta {
       wgmma_wait<0>();
       fence_registers<NO * 4>(&o[0][0]);
       fence_registers<C::kBlockN / 16 * 4>(&p_prev[0][0]);
+      if (kt > kt0) mbarrier_arrive(empty_v + prev);
       rescale_o(o, corrections, rescale);
 #pragma unroll
       for (int kk = 0; kk < C::kBlockN / 16; ++kk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) p_prev[kk][e] = p_cur[kk][e];
-      if (tid < C::kBlockN) stage_rows(((i + 2) % 3) * C::kBlockN + tid, ahead_rows);
+      v_prev = sV + buf * kVTileElems;
     }
-    cp_async_wait<0>();
-    fence_proxy_async();
-    __syncthreads();  // V of the last tile landed
-    issue_pv_regs(p_prev, sV + ((kt1 - 1 - kt0) & 1) * kVTileElems, o);
+    // PV of the last tile (of zeros by zeros in an empty segment).
+    const int t_last = tiles_before + kt1 - 1 - kt0;
+    if (kt1 > kt0) mbarrier_wait(full_v + t_last % C::kStages, phase_parity(t_last));
+    take_tensor_turn();
+    issue_pv_regs(p_prev, v_prev, o);
+    pass_tensor_turn();
     wgmma_wait<0>();
     fence_registers<NO * 4>(&o[0][0]);
+    if (kt1 > kt0) mbarrier_arrive(empty_v + t_last % C::kStages);
   }
 
-  // A CTA barrier (id 1) that takes x as an input: whatever computes x happens before it, and ptxas keeps a
-  // wgmma wait that follows after it.
+  // The gathering warpgroup's side of run_tiles_overlapped: its first two warps copy the K tiles of kt0 .. kt1 - 1,
+  // the other two the V tiles, into buffer t % STAGES, each pair on its own (a K tile never waits for a V
+  // tile's copies or buffer). A copier waits for its own copies, makes them visible to the tensor cores'
+  // reads (fence_proxy_async) and arrives on the full barrier.
+  __device__ void produce_tiles(const RequestInfo& r, int h, int kt0, int kt1, int tiles_before) {
+    constexpr int kCopiers = C::kLoadThreads / 2;
+    const int g = tid - C::kMathThreads;  // 0 .. kLoadThreads - 1
+    if (g < kCopiers) produce_side<false>(r, h, kt0, kt1, tiles_before, g);
+    else produce_side<true>(r, h, kt0, kt1, tiles_before, g - kCopiers);
+  }
+
+  template <bool kV>
+  __device__ __forceinline__ void produce_side(const RequestInfo& r, int h, int kt0, int kt1, int tiles_before,
+                                               int copier) {
+    constexpr int kCopiers = C::kLoadThreads / 2, kRowsEach = C::kBlockN / kCopiers;
+    static_assert(C::kBlockN % kCopiers == 0, "copiers tile the keys");
+    constexpr int kTileElems = C::kBlockN * (kV ? C::kDv : C::kDqk);
+    T* const tiles = kV ? sV : sK;
+    const T** const slots = kV ? sVRow : sKRow;
+    uint64_t* const full = kV ? full_v : full_k;
+    uint64_t* const empty = kV ? empty_v : empty_k;
+    // Where this copier's keys of tile kt are: read a tile ahead, so the index reads hide behind the copies.
+    auto rows_of = [&](int kt, const T* (&rows)[kRowsEach]) {
+#pragma unroll
+      for (int e = 0; e < kRowsEach; ++e) {
+        const KeyRows kr =
+            kt < kt1 ? key_rows(r, h, kt * C::kBlockN + copier + e * kCopiers) : KeyRows{nullptr, nullptr};
+        rows[e] = kV ? kr.v : kr.k;
+      }
+    };
+    const T* next[kRowsEach];
+    rows_of(kt0, next);
+    for (int kt = kt0; kt < kt1; ++kt) {
+      const int t = tiles_before + kt - kt0, buf = t % C::kStages;
+#pragma unroll
+      for (int e = 0; e < kRowsEach; ++e)  // the slot's rows were last read STAGES tiles ago, before the barrier
+        slots[buf * C::kBlockN + copier + e * kCopiers] = next[e];
+      named_barrier_sync<kCopiers>(kLoadBarrier + kV);  // the staged rows are visible to every copier
+      mbarrier_wait(empty + buf, phase_parity(t) ^ 1);  // a fresh barrier's "previous phase" counts as done
+      load_rows<kV ? C::kChunksV : C::kChunksQK, kCopiers>(slots + buf * C::kBlockN, tiles + buf * kTileElems,
+                                                          copier);
+      cp_async_commit();
+      rows_of(kt + 1, next);
+      signal_landed(full + buf);
+    }
+  }
+
+  // Tile t of the CTA uses buffer t % STAGES; a buffer's barriers complete one phase per use.
+  static __device__ __forceinline__ uint32_t phase_parity(int t) { return (t / C::kStages) & 1; }
+
+  // This thread's copies landed: visible to wgmma, announced on `full`.
+  __device__ __forceinline__ void signal_landed(uint64_t* full) {
+    cp_async_wait<0>();
+    fence_proxy_async();
+    mbarrier_arrive(full);
+  }
+
+  // Two math warpgroups take turns issuing their GEMMs (ping-pong): while one waits for its S GEMM and runs its
+  // softmax, the tensor cores work on the other's GEMMs. Warpgroup w waits on barrier kTurnBarrier + w until
+  // the other has passed it the turn; warpgroup 1 passes the first one, once per kernel (first_tensor_turn).
+  // Both issue the same number of GEMM groups per segment, so the turns stay paired across segments.
+  static constexpr bool kPingPong = C::kLoadThreads > 0 && C::kMathThreads == 256;
+  __device__ __forceinline__ void first_tensor_turn() {
+    if constexpr (kPingPong)
+      if (wg == 1) named_barrier_arrive<256>(kTurnBarrier);
+  }
+  __device__ __forceinline__ void take_tensor_turn() {
+    if constexpr (kPingPong) named_barrier_sync<256>(kTurnBarrier + wg);
+  }
+  __device__ __forceinline__ void pass_tensor_turn() {
+    if constexpr (kPingPong) named_barrier_arrive<256>(kTurnBarrier + 1 - wg);
+  }
+
+  // A barrier of this warp's warpgroup (id 1 + wg) that takes x as an input: whatever computes x happens
+  // before it, and ptxas keeps a wgmma wait that follows after it.
   __device__ __forceinline__ void barrier_after(float x) {
-    asm volatile("{\n.reg .pred p, q;\nsetp.ge.f32 p, %0, 0f00000000;\nbar.red.or.pred q, 1, %1, p;\n}\n"
-                 ::"f"(x), "n"(C::kThreads) : "memory");
+    asm volatile("{\n.reg .pred p, q;\nsetp.ge.f32 p, %0, 0f00000000;\nbar.red.or.pred q, %1, 128, p;\n}\n"
+                 ::"f"(x), "r"(1 + wg) : "memory");
   }
 
   // Folds a per-row value (each quad's copy) over the WARPS_N warps of the row group with `op`, through sRed.
@@ -302,7 +417,7 @@ struct TreeVerifyCta {
     if ((lane & 3) == 0)
 #pragma unroll
       for (int half = 0; half < 2; ++half) at(wn, half) = v[half];
-    __syncthreads();
+    math_sync();
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float acc = init;

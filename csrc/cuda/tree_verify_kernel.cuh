@@ -7,7 +7,10 @@
 
 namespace kdtree::cuda {
 
-// The CTA's share of the work split: its pieces, one run_segment each.
+// The CTA's share of the work split: its pieces, one segment each. A warp-specialized CTA runs the same loop
+// of pieces on both sides: the gathering warpgroup copies each segment's K/V tiles (produce_tiles), the math
+// warps compute and store it (run_segment); a CTA barrier separates segments (the merge of a split row tile
+// borrows the K/V buffers).
 template <class C>
 __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
   zero_padding_rows<typename C::T>(p, C::kDv);
@@ -16,28 +19,46 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
 
   const long long pieces_total = sched.piece_start[p.batch];
   const long long per_cta = (pieces_total + gridDim.x - 1) / gridDim.x;
-  long long q = blockIdx.x * per_cta;
-  const long long q_end = min(q + per_cta, pieces_total);
-  if (q >= q_end) return;
+  const long long q_begin = blockIdx.x * per_cta;
+  const long long q_end = min(q_begin + per_cta, pieces_total);
+  if (q_begin >= q_end) return;
 
   TreeVerifyCta<C> cta(p, smem);
-  int b = find_request(sched.piece_start, p.batch, q);
-  for (; q < q_end; ++q) {
-    while (sched.piece_start[b + 1] <= q) ++b;
-    const RequestInfo r = request_info<C::kBlockM, C::kBlockN>(p, b);
-    const int splits = splits_of(r, sched.units, gridDim.x, p.min_units_per_cta);  // pieces per row tile
-    const int chunk = (r.n_tiles + splits - 1) / splits;
-    const long long local = q - sched.piece_start[b];
-    const int rt = static_cast<int>(local / splits);  // row tile within the request: (head, m tile)
-    const int split = static_cast<int>(local % splits);
-    const int kt0 = split * chunk, kt1 = min(r.n_tiles, kt0 + chunk);
-    cta.run_segment(r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt),
-                    q - split, splits, q);
+  cta.init_pipeline();
+  // Calls segment(r, h, mt, kt0, kt1, row_tile, first_piece, pieces, piece, tiles_before) for each piece.
+  auto for_each_piece = [&](auto&& segment) {
+    int b = find_request(sched.piece_start, p.batch, q_begin);
+    int tiles_before = 0;
+    for (long long q = q_begin; q < q_end; ++q) {
+      while (sched.piece_start[b + 1] <= q) ++b;
+      const RequestInfo r = request_info<C::kBlockM, C::kBlockN>(p, b);
+      const int splits = splits_of(r, sched.units, gridDim.x, p.min_units_per_cta);  // pieces per row tile
+      const int chunk = (r.n_tiles + splits - 1) / splits;
+      const long long local = q - sched.piece_start[b];
+      const int rt = static_cast<int>(local / splits);  // row tile within the request: (head, m tile)
+      const int split = static_cast<int>(local % splits);
+      const int kt0 = split * chunk, kt1 = max(kt0, min(r.n_tiles, kt0 + chunk));
+      __syncthreads();  // the previous segment is done with shared memory
+      segment(r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt), q - split,
+              splits, q, tiles_before);
+      tiles_before += kt1 - kt0;
+    }
+  };
+  if constexpr (C::kLoadThreads > 0) {
+    if (threadIdx.x >= C::kMathThreads) {
+      release_registers<C::kLoadRegs>();
+      for_each_piece([&](const RequestInfo& r, int h, int, int kt0, int kt1, int, long long, int, long long,
+                         int tiles_before) { cta.produce_tiles(r, h, kt0, kt1, tiles_before); });
+      return;
+    }
+    claim_registers<C::kMathRegs>();
+    cta.first_tensor_turn();
   }
+  for_each_piece([&](auto&&... args) { cta.run_segment(args...); });
 }
 
 template <class C>
-__global__ void __launch_bounds__(C::kThreads, 1)
+__global__ void __launch_bounds__(C::kThreads, C::kCtasPerSm)
     tree_verify_attention_kernel(const __grid_constant__ TreeVerifyParams p) {
   if constexpr (C::kWgmma && !KDTREE_HAS_WGMMA) {
     __trap();  // a wgmma configuration in a build for another architecture: the host never launches it

@@ -9,10 +9,10 @@ namespace kdtree::cuda {
 template <class C>
 __device__ void TreeVerifyCta<C>::load_q(const RequestInfo& r, int h, int m0) {
   const T* q = static_cast<const T*>(p.q);
-  static_assert(C::kBlockM * C::kChunksQK % C::kThreads == 0, "threads tile the Q tile");
+  static_assert(C::kBlockM * C::kChunksQK % C::kMathThreads == 0, "threads tile the Q tile");
 #pragma unroll
-  for (int k = 0; k < C::kBlockM * C::kChunksQK / C::kThreads; ++k) {
-    const int i = tid + k * C::kThreads, row = i / C::kChunksQK, chunk = i % C::kChunksQK;
+  for (int k = 0; k < C::kBlockM * C::kChunksQK / C::kMathThreads; ++k) {
+    const int i = tid + k * C::kMathThreads, row = i / C::kChunksQK, chunk = i % C::kChunksQK;
     const int packed = m0 + row;
     const bool valid = packed < r.tree_len * p.group;
     const int token = valid ? packed / p.group : 0, head = h * p.group + (valid ? packed % p.group : 0);
@@ -36,18 +36,19 @@ __device__ auto TreeVerifyCta<C>::key_rows(const RequestInfo& r, int h, int j) c
 
 template <class C>
 __device__ void TreeVerifyCta<C>::load_kv(int stage, bool v_from_k) {
-  load_rows<C::kChunksQK>(sKRow + stage * C::kBlockN, sK + stage * (C::kBlockN * C::kDqk));
+  load_rows<C::kChunksQK, C::kMathThreads>(sKRow + stage * C::kBlockN, sK + stage * (C::kBlockN * C::kDqk), tid);
   if constexpr (C::kVTile)
-    if (!v_from_k) load_rows<C::kChunksV>(sVRow + stage * C::kBlockN, sV + stage * (C::kBlockN * C::kDv));
+    if (!v_from_k)
+      load_rows<C::kChunksV, C::kMathThreads>(sVRow + stage * C::kBlockN, sV + stage * (C::kBlockN * C::kDv), tid);
 }
 
 template <class C>
-template <int kChunks>
-__device__ __forceinline__ void TreeVerifyCta<C>::load_rows(const T* const* rows, T* dst) {
-  constexpr int kRowsPerPass = C::kThreads / 8;
+template <int kChunks, int kCopiers>
+__device__ __forceinline__ void TreeVerifyCta<C>::load_rows(const T* const* rows, T* dst, int copier) {
+  constexpr int kRowsPerPass = kCopiers / 8;
   static_assert(C::kBlockN % kRowsPerPass == 0 && kRowsPerPass % 8 == 0 && kChunks % 8 == 0,
                 "threads tile the KV tile's rows");
-  const int q = tid % 8, row0 = tid / 8;
+  const int q = copier % 8, row0 = copier / 8;
   const int position = (q ^ row0) & 7;
 #pragma unroll
   for (int pass = 0; pass < C::kBlockN / kRowsPerPass; ++pass) {
@@ -64,7 +65,7 @@ __device__ __forceinline__ void TreeVerifyCta<C>::load_rows(const T* const* rows
 template <class C>
 __device__ void TreeVerifyCta<C>::load_v_over_k(const RequestInfo& r, int h, int kt, T* k_tile) {
   __syncthreads();  // every warp is done reading K
-  for (int i = tid; i < C::kBlockN * C::kChunksV; i += C::kThreads) {
+  for (int i = tid; i < C::kBlockN * C::kChunksV; i += C::kMathThreads) {
     const int row = i / C::kChunksV, chunk = i % C::kChunksV;
     const T* src = key_rows(r, h, kt * C::kBlockN + row).v;
     cp_async_16(k_tile + swizzle(row, chunk, C::kBlockN) * 8, src != nullptr ? src + chunk * 8 : dst_fallback(),

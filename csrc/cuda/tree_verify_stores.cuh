@@ -48,14 +48,14 @@ template <class C>
 __device__ void TreeVerifyCta<C>::combine(const RequestInfo& r, int h, int m0, long long first_piece, int pieces) {
   auto slot_of = [&](int k) { return first_piece + k; };
   constexpr int kColVecs = C::kDv / 4;
-  constexpr int kPerThread = C::kBlockM * kColVecs / C::kThreads;  // float4 outputs per thread
-  static_assert(C::kBlockM * kColVecs % C::kThreads == 0, "threads tile the output");
+  constexpr int kPerThread = C::kBlockM * kColVecs / C::kMathThreads;  // float4 outputs per thread
+  static_assert(C::kBlockM * kColVecs % C::kMathThreads == 0, "threads tile the output");
   constexpr int kMaxPieces = C::kStages * (C::kKBytes + C::kVBytes) / (4 * C::kBlockM);
   float* weight = reinterpret_cast<float*>(sK);  // [pieces of this round][BLOCK_M]
   float* row_max = sRed;                         // [BLOCK_M] max log-sum-exp over the pieces
 
-  __syncthreads();
-  for (int row = tid; row < C::kBlockM; row += C::kThreads) {
+  math_sync();
+  for (int row = tid; row < C::kBlockM; row += C::kMathThreads) {
     float mx = -INFINITY;
     for (int k = 0; k < pieces; ++k) mx = fmaxf(mx, __ldcg(p.partial_lse + slot_of(k) * C::kBlockM + row));
     row_max[row] = mx;
@@ -71,13 +71,13 @@ __device__ void TreeVerifyCta<C>::combine(const RequestInfo& r, int h, int m0, l
     for (int i = 0; i < kGroup; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f), weight_sum[i] = 0.f;
     for (int k0 = 0; k0 < pieces; k0 += kMaxPieces) {
       const int round = min(kMaxPieces, pieces - k0);
-      __syncthreads();  // row_max is written / the previous round's weights are consumed
-      for (int i = tid; i < round * C::kBlockM; i += C::kThreads) {
+      math_sync();  // row_max is written / the previous round's weights are consumed
+      for (int i = tid; i < round * C::kBlockM; i += C::kMathThreads) {
         const int row = i % C::kBlockM;
         const float lse = __ldcg(p.partial_lse + slot_of(k0 + i / C::kBlockM) * C::kBlockM + row);
         weight[i] = lse == -INFINITY ? 0.f : exp2f(lse - row_max[row]);
       }
-      __syncthreads();
+      math_sync();
       // Four pieces' loads in flight at once (MLA M1: 107 -> 99 us against one piece of 16 loads at a time).
 #pragma unroll 4
       for (int k = 0; k < round; ++k) {
@@ -85,7 +85,7 @@ __device__ void TreeVerifyCta<C>::combine(const RequestInfo& r, int h, int m0, l
             p.partial_out + static_cast<int64_t>(slot_of(k0 + k)) * C::kBlockM * C::kDv);
 #pragma unroll
         for (int i = 0; i < kGroup; ++i) {
-          const int item = tid + (g + i) * C::kThreads;
+          const int item = tid + (g + i) * C::kMathThreads;
           const float w = weight[k * C::kBlockM + item / kColVecs];
           const float4 v = __ldcg(src + item);  // written by other CTAs: read from L2, never a stale L1 line
           acc[i].x += w * v.x, acc[i].y += w * v.y, acc[i].z += w * v.z, acc[i].w += w * v.w;
@@ -95,7 +95,7 @@ __device__ void TreeVerifyCta<C>::combine(const RequestInfo& r, int h, int m0, l
     }
 #pragma unroll
     for (int i = 0; i < kGroup; ++i) {
-      const int item = tid + (g + i) * C::kThreads, row = item / kColVecs, col = (item % kColVecs) * 4;
+      const int item = tid + (g + i) * C::kMathThreads, row = item / kColVecs, col = (item % kColVecs) * 4;
       const int packed = m0 + row;
       if (packed >= r.tree_len * p.group) continue;
       const float inv = weight_sum[i] > 0.f ? 1.f / weight_sum[i] : 0.f;  // nothing visible: zeros
