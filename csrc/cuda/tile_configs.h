@@ -46,10 +46,13 @@
 //   the whole kernel                                          33 / 105 / 111 /  84 /  99
 //   the gathers alone (math warps only wait and hand back)    29 /  89 / 105 /  80 /  75
 //   the math alone (gatherers copy nothing)                   32 /  78 /  75 /  49 /  73
-// So the gathers bound G2, G3 and G4: K/V rows are 256-byte pieces at random slots, and G2 moves 269 MB from L2
-// to the SMs (its two row tiles per KV head share each tile through L2) at about 3 TB/s; more stages in flight
-// did not raise it. G1's per-call cost (launch, schedule, pipeline fill, partial store and merge) is about
-// 29 us with no math at all.
+// So the gathers bound G2, G3 and G4. G3 reads 268 MB from DRAM at about 2.6 TB/s, near its floor. G2 reads
+// 134 MB from DRAM but moves 269 MB from L2 to the SMs (its two row tiles per KV head read each K/V tile), at
+// about 3 TB/s; G5's eight row tiles per head move 268 MB at 3.6 TB/s. Neither more stages in flight (above)
+// nor sorted slots (copies alone, G2: 88.4 against 88.9 us with random slots) raised it: the 16-byte cp.async
+// gather's L2-to-SM rate is the bound. Next: TMA copies of K/V rows (a tensor map over the cache, 128-byte
+// swizzle) or a cluster that multicasts each tile to the row tiles that share it. G1's per-call cost (launch,
+// schedule, pipeline fill, partial store and merge) is about 28 us with no math at all.
 #pragma once
 
 #include "tree_verify_kernel.cuh"

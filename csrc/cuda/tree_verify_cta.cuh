@@ -157,13 +157,12 @@ struct TreeVerifyCta {
     return !tile_masked(r, kt) || p.k_draft == nullptr || p.draft_v_aliases_k;  // a prefix tile, or V aliases K
   }
 
-  // Row tile (head h, m tile mt) over KV tiles [kt0, kt1): piece `piece` of the `pieces` (from first_piece on)
-  // that cover the row tile's keys. A whole row tile is written out; a part leaves a partial in slot `piece`.
-  // The math warps run it; `tiles_before` counts the KV tiles of the CTA's earlier segments (the pipeline's
-  // position). The caller has synchronized the CTA since the previous segment.
-  __device__ void run_segment(const RequestInfo& r, int h, int mt, int kt0, int kt1, int row_tile,
-                              long long first_piece, int pieces, long long piece, int tiles_before) {
-    const int m0 = mt * C::kBlockM;
+  // The math warps' side of a segment: a whole row tile is written out; a part leaves a partial in slot
+  // `piece`. The caller has synchronized the CTA since the previous segment.
+  __device__ void run_segment(const Segment& sg) {
+    const RequestInfo& r = sg.r;
+    const int h = sg.h, kt0 = sg.kt0, kt1 = sg.kt1, pieces = sg.pieces;
+    const int m0 = sg.mt * C::kBlockM;
     float o[NO][4];
     float m_run[2], l_run[2];
 #pragma unroll
@@ -180,7 +179,7 @@ struct TreeVerifyCta {
                            : nullptr;
     }
 
-    if constexpr (C::kOverlapPv) run_tiles_overlapped(r, h, m0, kt0, kt1, tiles_before, o, m_run, l_run, mask_row);
+    if constexpr (C::kOverlapPv) run_tiles_overlapped(r, h, m0, kt0, kt1, sg.tiles_before, o, m_run, l_run, mask_row);
     else run_tiles(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
 
     // Row sums: each thread summed its own columns; add the quad's, then the other WARPS_N warps'.
@@ -199,18 +198,18 @@ struct TreeVerifyCta {
     if (pieces == 1) {
       store_output(r, h, m0, o, l_run);
     } else {
-      store_partial(o, m_run, l_run, piece);
+      store_partial(o, m_run, l_run, sg.piece);
       __threadfence();
       math_sync();
       if (tid == 0) {
-        const int done = atomicAdd(p.row_tile_counters + row_tile, 1);
+        const int done = atomicAdd(p.row_tile_counters + sg.row_tile, 1);
         const bool last = done == pieces - 1;
         *sFlag = last;
       }
       math_sync();
       if (*sFlag) {
         __threadfence();
-        combine(r, h, m0, first_piece, pieces);
+        combine(r, h, m0, sg.first_piece, pieces);
       }
     }
   }
@@ -331,11 +330,11 @@ struct TreeVerifyCta {
   // the other two the V tiles, into buffer t % STAGES, each pair on its own (a K tile never waits for a V
   // tile's copies or buffer). A copier waits for its own copies, makes them visible to the tensor cores'
   // reads (fence_proxy_async) and arrives on the full barrier.
-  __device__ void produce_tiles(const RequestInfo& r, int h, int kt0, int kt1, int tiles_before) {
+  __device__ void produce_tiles(const Segment& sg) {
     constexpr int kCopiers = C::kLoadThreads / 2;
     const int g = tid - C::kMathThreads;  // 0 .. kLoadThreads - 1
-    if (g < kCopiers) produce_side<false>(r, h, kt0, kt1, tiles_before, g);
-    else produce_side<true>(r, h, kt0, kt1, tiles_before, g - kCopiers);
+    if (g < kCopiers) produce_side<false>(sg.r, sg.h, sg.kt0, sg.kt1, sg.tiles_before, g);
+    else produce_side<true>(sg.r, sg.h, sg.kt0, sg.kt1, sg.tiles_before, g - kCopiers);
   }
 
   template <bool kV>

@@ -25,7 +25,7 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
 
   TreeVerifyCta<C> cta(p, smem);
   cta.init_pipeline();
-  // Calls segment(r, h, mt, kt0, kt1, row_tile, first_piece, pieces, piece, tiles_before) for each piece.
+  // Calls segment(const Segment&) for each piece.
   auto for_each_piece = [&](auto&& segment) {
     int b = find_request(sched.piece_start, p.batch, q_begin);
     int tiles_before = 0;
@@ -39,22 +39,21 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
       const int split = static_cast<int>(local % splits);
       const int kt0 = split * chunk, kt1 = max(kt0, min(r.n_tiles, kt0 + chunk));
       __syncthreads();  // the previous segment is done with shared memory
-      segment(r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt), q - split,
-              splits, q, tiles_before);
+      segment(Segment{r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt),
+                      q - split, splits, q, tiles_before});
       tiles_before += kt1 - kt0;
     }
   };
   if constexpr (C::kLoadThreads > 0) {
     if (threadIdx.x >= C::kMathThreads) {
       release_registers<C::kLoadRegs>();
-      for_each_piece([&](const RequestInfo& r, int h, int, int kt0, int kt1, int, long long, int, long long,
-                         int tiles_before) { cta.produce_tiles(r, h, kt0, kt1, tiles_before); });
+      for_each_piece([&](const Segment& sg) { cta.produce_tiles(sg); });
       return;
     }
     claim_registers<C::kMathRegs>();
     cta.first_tensor_turn();
   }
-  for_each_piece([&](auto&&... args) { cta.run_segment(args...); });
+  for_each_piece([&](const Segment& sg) { cta.run_segment(sg); });
 }
 
 template <class C>

@@ -68,6 +68,19 @@ __device__ long long scan_requests(int batch, long long* out, F f) {
   return carry;
 }
 
+// One piece of the work split as a CTA runs it: row tile `row_tile` of the batch (KV head h, m tile mt of
+// request r) over KV tiles [kt0, kt1); piece `piece` of the `pieces` (from first_piece on) that cover the row
+// tile's keys. tiles_before counts the KV tiles of the CTA's earlier segments (a warp-specialized CTA's
+// position in its ring of K/V buffers).
+struct Segment {
+  RequestInfo r;
+  int h, mt, kt0, kt1, row_tile;
+  long long first_piece;
+  int pieces;
+  long long piece;
+  int tiles_before;
+};
+
 struct Schedule {
   long long* piece_start;  // [B+1] first piece of each request (the CTA's own copy in the workspace)
   long long* tile_start;   // [B+1] first row tile of each request
