@@ -35,7 +35,7 @@
 //     with four pieces' loads in flight                                   36 / 106 /  89 / 104 /  99 / 428 /   -
 //   tried: the overlapped loop with 64-key tiles: G2 126 us; without the barrier that keeps the softmax before
 //   the PV wait (ptxas then waits first): G2 108 us.
-//   GQA (Dv <= 128), warp-specialized: a fourth warpgroup gathers K
+//   GQA (Dv <= 128), warp-specialized: one more warpgroup gathers K
 //     and V (its two halves on their own), mbarrier-tracked buffers
 //     instead of a CTA barrier per tile, setmaxnreg 40 / 232; K's
 //     buffer handed back right after its S GEMM; the two math
