@@ -52,7 +52,7 @@
 // nor sorted slots (copies alone, G2: 88.4 against 88.9 us with random slots) raised it: the 16-byte cp.async
 // gather's L2-to-SM rate is the bound. Next: TMA copies of K/V rows (a tensor map over the cache, 128-byte
 // swizzle) or a cluster that multicasts each tile to the row tiles that share it. G1's per-call cost (launch,
-// schedule, pipeline fill, partial store and merge) is about 28 us with no math at all.
+// schedule, pipeline fill, partial store and merge) is 28-29 us with no math at all.
 #pragma once
 
 #include "tree_verify_kernel.cuh"
