@@ -42,6 +42,22 @@
 //     warpgroups take turns issuing their GEMMs (MLA unchanged)           33 / 105 /  84 /  99 /   - /   - /   -
 //   tried: 64-key tiles with 4 (3) stages of K and V: G2 113 (111), G4 107 (106) us; an L2 prefetch of the
 //   next tile's rows: no gain. Without the turns: G2 107, G5 103 us.
+// MLA, wgmma (M1 / M2 / M3 / M4 / M5 in us). Earlier development-script MLA figures had copied V apart from K
+// on the device, which takes the V-reload path: about twice these.
+//   key split (two warpgroups split S's 64 keys, wgmma N = 32; the math warps
+//     load the tiles, three CTA barriers per tile)                       74 / 232 / 225 /  96 / 366
+//     its loads alone (no GEMMs)                                          55 / 118 / 115 /  69 / 121
+//     its math alone (no loads)                                           71 / 201 / 195 /  84 / 334
+//   paired tiles (run_tiles_paired: S at wgmma N = 64 per warpgroup, tiles
+//     taken in turns, a gathering warpgroup), B's S issued with A's     73 / 209 / 198 /  94 / 313
+//   the same with B's S issued after A's PV GEMM (B's copies get longer
+//     to land) and mbarrier hand-offs of P (kept: racecheck follows
+//     mbarriers; it flagged the first version's bar.arrive hand-offs)    75 / 214 / 204 /  95 / 328
+//     its math alone (the gatherers copy nothing)                        70 / 174 / 170 /  77 / 279
+// So the paired kernel is bound by its math first (S at N = 64 reads 128 bytes of shared memory per
+// tensor-core cycle, the limit), then by the copies of a pair's tiles, which begin only when the previous pair
+// is done with the buffer. Next: halves of the K buffers with barriers of their own (A's first 256 columns go
+// back to the copiers right after warpgroup 0's PV GEMM), and B's S first with mbarrier hand-offs.
 // What bounds it now (GQA, development script, us, G1 / G2 / G3 / G4 / G5):
 //   the whole kernel                                          33 / 105 / 111 /  84 /  99
 //   the gathers alone (math warps only wait and hand back)    29 /  89 / 105 /  80 /  75
@@ -84,10 +100,15 @@ template <typename T> using Hd256Wgmma = TreeVerifyConfig<T, 256, 256, 128, 64, 
 template <typename T> using Hd64WgmmaNarrow = TreeVerifyConfig<T, 64, 64, 64, 64, 1, 2, true>;
 template <typename T> using Hd128WgmmaNarrow = TreeVerifyConfig<T, 128, 128, 64, 64, 1, 2, true>;
 template <typename T> using Hd256WgmmaNarrow = TreeVerifyConfig<T, 256, 256, 64, 64, 1, 2, true>;
-// MLA: two warpgroups split S's 64 keys (wgmma N = 32) and O's 512 columns (N = 256, P through shared memory).
+// MLA where V is not K's first 512 columns: two warpgroups split S's 64 keys (wgmma N = 32) and O's 512 columns
+// (N = 256, P through shared memory).
 // Q 72 KiB + 2 x K 72 KiB + P 8 KiB fill the shared memory, so there are no V tiles: V is the K tile's first
 // 512 columns (separate draft V is loaded over them after S).
-template <typename T> using MlaWgmma = TreeVerifyConfig<T, 576, 512, 64, 64, 2, 2, true, false>;
+template <typename T> using MlaWgmmaKeySplit = TreeVerifyConfig<T, 576, 512, 64, 64, 2, 2, true, false>;
+// MLA where V is K's first 512 columns (SGLang's latent pool, with draft K/V in it or V a view of draft K): the
+// warpgroups take the 64-key tiles in turns (wgmma N = 64 for S) and one more warpgroup gathers them.
+// Q 72 KiB + 2 x K 72 KiB; P lives in each K tile's last 64 columns.
+template <typename T> using MlaWgmma = TreeVerifyConfig<T, 576, 512, 64, 64, 2, 2, true, false, true>;
 
 // A CTA takes at least this many KV tiles: a split piece costs a fp32 partial write and read (BLOCK_M x Dv x 8
 // bytes, about two KV tiles of traffic), so pieces shorter than this cost more than the parallelism gains.

@@ -7,7 +7,7 @@
 namespace kdtree::cuda {
 
 template <typename T_, int kDqk_, int kDv_, int kBlockM_, int kBlockN_, int kWarpsN_, int kStages_,
-          bool kWgmma_ = false, bool kVTile_ = true>
+          bool kWgmma_ = false, bool kVTile_ = true, bool kPairedTiles_ = false>
 struct TreeVerifyConfig {
   using T = T_;
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = kBlockM_, kBlockN = kBlockN_;
@@ -20,34 +20,48 @@ struct TreeVerifyConfig {
   // and a warpgroup of its own gathers the K/V tiles (run_tiles_overlapped, produce_tiles). Not for Dv = 256:
   // O's 128 fp32 registers per thread leave too few for two P tiles (ptxas spilled 316 bytes).
   static constexpr bool kOverlapPv = kWgmma && kWarpsN_ == 1 && kVTile && kDv_ <= 128;
+  // wgmma, two warpgroups on the same rows (MLA): they take the KV tiles in turns, each computing S and the
+  // softmax of its own tiles, and split O's columns; P goes to the other warpgroup through the tile's last
+  // 64 columns (past Dv: the PV GEMMs do not read them), and a warpgroup of its own gathers the tiles
+  // (run_tiles_paired). V must be K's first Dv columns.
+  static constexpr bool kPairedTiles = kPairedTiles_;
+  static constexpr int kTileStep = kPairedTiles ? 2 : 1;
+  // The tiles a segment of `tiles` KV tiles runs: whole turns (with paired tiles, a missing last B is zeros).
+  __host__ __device__ static constexpr int turn_tiles(int tiles) {
+    return (tiles + kTileStep - 1) / kTileStep * kTileStep;
+  }
   static constexpr int kWarpsM = kBlockM / 16;  // a warp owns 16 rows (mma.sync M; a quarter of wgmma M)
   static constexpr int kMathThreads = 32 * kWarpsM * kWarpsN;  // the warps that compute (threads 0 ..)
-  static constexpr int kLoadThreads = kOverlapPv ? 128 : 0;    // the gathering warpgroup (after them)
+  static constexpr int kLoadThreads = kOverlapPv || kPairedTiles ? 128 : 0;  // the gathering warpgroup
   static constexpr int kThreads = kMathThreads + kLoadThreads;
   // Warp-specialized CTAs split the registers: the gatherers release all but kLoadRegs, the math warps take
   // them. One CTA per SM, or two where a single math warpgroup's shared memory allows (the narrow tiles).
   static constexpr int kCtasPerSm = kLoadThreads > 0 && kMathThreads == 128 ? 2 : 1;
   static constexpr int kLoadRegs = 40;
   static constexpr int kMathRegs = (65536 / kCtasPerSm - kLoadThreads * kLoadRegs) / kMathThreads / 8 * 8;
-  static constexpr int kKeysPerWarp = kBlockN / kWarpsN;  // S phase
+  static constexpr int kKeysPerWarp = kPairedTiles ? kBlockN : kBlockN / kWarpsN;  // S phase
   static constexpr int kDvPerWarp = kDv / kWarpsN;        // PV phase
   static constexpr int kChunksQK = kDqk / 8, kChunksV = kDv / 8;
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kBlockN <= kMathThreads, "tile shape");
   static_assert(kLoadThreads == 0 || (kBlockN <= kLoadThreads && kMathRegs <= 256), "gathering warpgroup");
   static_assert(kWarpsN == 1 || kBlockN <= 64, "the P exchange holds 64 keys");
   static_assert(kWarpsM % 4 == 0, "whole warpgroups of 16-row warps");
+  static_assert(!kPairedTiles || (kWgmma && kWarpsN == 2 && kWarpsM == 4 && !kVTile && kBlockN == 64 &&
+                                  kDqk - kDv == 64 && kStages == 2),
+                "paired tiles: two warpgroups on 64 rows, 64-key tiles in two buffers, P in the columns past Dv");
   static_assert(kKeysPerWarp % 16 == 0 && kDvPerWarp % 16 == 0 && kDqk % 64 == 0 && kDv % 64 == 0, "warp split");
 
   static constexpr int kQBytes = kBlockM * kDqk * 2;
   static constexpr int kKBytes = kBlockN * kDqk * 2;
   static constexpr int kVBytes = kVTile ? kBlockN * kDv * 2 : 0;
-  static constexpr int kPBytes = kWarpsN > 1 ? kBlockM * ((kBlockN + 63) / 64 * 64) * 2 : 0;  // swizzled blocks
+  static constexpr int kPBytes = kWarpsN > 1 && !kPairedTiles ? kBlockM * ((kBlockN + 63) / 64 * 64) * 2 : 0;
   // Zeros that the first PV GEMM of a segment multiplies (run_tiles_overlapped).
   static constexpr int kZeroBytes = kOverlapPv ? kBlockN * kDv * 2 : 0;
   static constexpr int kRedBytes = kWarpsN * kBlockM * 4;
   // Full and empty barriers of the K and V buffers (warp-specialized CTAs).
   static constexpr int kBarrierBytes = kLoadThreads > 0 ? 4 * kStages * 8 : 0;
-  static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile ? 2 : 1);  // K (and V) row pointers
+  // K (and V) row pointers; paired tiles: two slots for each copier group
+  static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile || kPairedTiles ? 2 : 1);
   static constexpr int kFixedSmem =
       kQBytes + kStages * (kKBytes + kVBytes) + kZeroBytes + kPBytes + kRedBytes + kBarrierBytes + kSrcBytes + 16;
   // Plus the slack that puts the tiles on a 1024-byte boundary (the swizzle pattern's period).

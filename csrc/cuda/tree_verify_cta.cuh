@@ -92,7 +92,7 @@ struct TreeVerifyCta {
       if (tid == 0)
         for (int s = 0; s < C::kStages; ++s) {
           mbarrier_init(full_k + s, C::kLoadThreads / 2);
-          mbarrier_init(full_v + s, C::kLoadThreads / 2);
+          mbarrier_init(full_v + s, C::kPairedTiles ? C::kMathThreads / 2 : C::kLoadThreads / 2);
           mbarrier_init(empty_k + s, C::kMathThreads);
           mbarrier_init(empty_v + s, C::kMathThreads);
         }
@@ -108,8 +108,8 @@ struct TreeVerifyCta {
     if constexpr (C::kLoadThreads == 0) __syncthreads();
     else named_barrier_sync<C::kMathThreads>(kMathBarrier);
   }
-  // Named barriers: 1 and 2 per math warpgroup (barrier_after), 3 the math warps, 4 and 5 the K and the V
-  // copiers, 6 and 7 the math warpgroups' turns at the tensor cores.
+  // Named barriers: 1 and 2 per math warpgroup (barrier_after), 3 the math warps, 4 and 5 the two copier
+  // groups, 6 and 7 the math warpgroups' turns at the tensor cores.
   static constexpr int kMathBarrier = 3, kLoadBarrier = 4, kTurnBarrier = 6;
 
   __device__ int64_t slot(int i) const {
@@ -180,6 +180,7 @@ struct TreeVerifyCta {
     }
 
     if constexpr (C::kOverlapPv) run_tiles_overlapped(r, h, m0, kt0, kt1, sg.tiles_before, o, m_run, l_run, mask_row);
+    else if constexpr (C::kPairedTiles) run_tiles_paired(r, h, m0, kt0, kt1, sg.tiles_before, o, m_run, l_run, mask_row);
     else run_tiles(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
 
     // Row sums: each thread summed its own columns; add the quad's, then the other WARPS_N warps'.
@@ -326,20 +327,126 @@ struct TreeVerifyCta {
     if (kt1 > kt0) mbarrier_arrive(empty_v + t_last % C::kStages);
   }
 
-  // The gathering warpgroup's side of run_tiles_overlapped: its first two warps copy the K tiles of kt0 .. kt1 - 1,
-  // the other two the V tiles, into buffer t % STAGES, each pair on its own (a K tile never waits for a V
-  // tile's copies or buffer). A copier waits for its own copies, makes them visible to the tensor cores'
-  // reads (fence_proxy_async) and arrives on the full barrier.
+  // The KV tiles of a segment with paired tiles (MLA on the wgmma path). Both math warpgroups hold the same 64
+  // rows and each owns 256 of O's columns. They take the segment's tiles in pairs (A, B): warpgroup 0 computes
+  // S of A and its softmax, warpgroup 1 those of B (a missing last B is all zeros, masked out), and each puts
+  // its P in its tile's columns past Dv (which S has finished with) with the tile's reference maxima (s_ref):
+  // A's from the previous pair's, B's from A's. Then each warpgroup moves its O to A's reference and adds A's
+  // P V, then to B's and adds B's P V, every GEMM issued the same way on both sides. So a tile goes back to the
+  // copiers as soon as both have multiplied it, and the copies of the next A overlap B's softmax and GEMMs.
+  // Tile t of the CTA is in buffer t % 2 (tiles_before is even), filled by the gathering warpgroup.
+  __device__ void run_tiles_paired(const RequestInfo& r, int h, int m0, int kt0, int kt1, int tiles_before,
+                                   float (&o)[NO][4], float (&m_run)[2], float (&l_run)[2],
+                                   const uint32_t* const (&mask_row)[2]) {
+    constexpr int kKTile = C::kBlockN * C::kDqk;
+    auto p_of = [&](int x) { return sK + x * kKTile + C::kBlockN * C::kDv; };  // tile x's last 64 columns
+    auto s_ref = [&](int x) { return sRed + x * C::kBlockM; };  // tile x's reference maxima, one per row
+    load_q(r, h, m0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    math_sync();  // Q landed for every math warp
+
+    const int row0 = wm * 16 + (lane >> 2);  // this thread's rows: row0, row0 + 8
+    // This warpgroup's O and row sums (its own tiles' probabilities) move to reference maxima m_new.
+    auto advance = [&](const float (&m_new)[2], const float (&sums)[2]) {
+      float step[2];
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        step[half] = reference_step(m_run[half], m_new[half]);
+        m_run[half] = m_new[half];
+        l_run[half] = l_run[half] * step[half] + sums[half];
+      }
+      rescale_o(o, step, step[0] != 1.f || step[1] != 1.f);
+    };
+    // With no V tiles, full_v[x] announces tile x's P and reference maxima: its owner's 128 arrivals.
+    uint64_t* const p_ready = full_v;
+    const int n = C::turn_tiles(kt1 - kt0);
+    for (int i = 0; i < n; i += 2) {
+      const uint32_t parity = phase_parity(__shfl_sync(0xffffffffu, tiles_before + i, 0));  // of both tiles
+      const int kt = kt0 + i + wg;  // this warpgroup's tile: buffer wg
+      uint64_t vis[2][kVisWords];
+      const bool masked = kt >= kt1 || tile_masked(r, kt);
+      const bool warp_sees = kt < kt1 && (!masked || tile_visibility(r, kt, mask_row, vis));
+      float s[NS][4];
+      auto issue_own_s = [&] {
+        mbarrier_wait(full_k + wg, parity);
+        issue_qk(sK + wg * kKTile, s);
+      };
+      // The owner's softmax of its tile against the previous tile's reference maxima (m_run: warpgroup 0's O is
+      // at the previous B's, warpgroup 1's at this A's); P and the tile's maxima go where the other reads them.
+      float own_sums[2], m_tile[2];
+      auto own_softmax = [&] {
+        const float score_scale = scale_and_mask(masked, warp_sees, vis, s);
+        float tile_max[2];
+        row_max(s, tile_max);
+#pragma unroll
+        for (int half = 0; half < 2; ++half) m_tile[half] = raised_reference(m_run[half], tile_max[half] * score_scale);
+        probabilities(score_scale, m_tile, s, own_sums);
+        if ((lane & 3) == 0) {
+          s_ref(wg)[row0] = m_tile[0];
+          s_ref(wg)[row0 + 8] = m_tile[1];
+        }
+        store_p(s, p_of(wg), 0, {1.f, 1.f});
+        fence_proxy_async();  // the wgmma reads of both warpgroups see P through the async proxy
+        mbarrier_arrive(p_ready + wg);
+      };
+      // Tile x (0: A, 1: B) of the pair: O moves to its reference maxima, then its P V is issued.
+      auto multiply = [&](int x) {
+        float m_x[2], sums[2] = {0.f, 0.f};
+        if (x == wg) {
+          m_x[0] = m_tile[0], m_x[1] = m_tile[1];
+          sums[0] = own_sums[0], sums[1] = own_sums[1];
+        } else {
+          mbarrier_wait(p_ready + x, parity);
+          m_x[0] = s_ref(x)[row0], m_x[1] = s_ref(x)[row0 + 8];
+        }
+        advance(m_x, sums);
+        issue_pv_smem(p_of(x), sK + x * kKTile, o);
+      };
+
+      // Warpgroup 1 multiplies A's P before it computes S of B, so that B's copies (begun when the previous pair
+      // was done with its buffer) have A's S, softmax and PV GEMMs to land behind.
+      if (wg == 0) {
+        issue_own_s();
+        wgmma_wait<0>();
+        fence_registers<NS * 4>(&s[0][0]);
+        own_softmax();
+        multiply(0);
+        wgmma_wait<0>();
+      } else {
+        multiply(0);
+        issue_own_s();
+        wgmma_wait<0>();
+        fence_registers<NS * 4>(&s[0][0]);
+      }
+      fence_registers<NO * 4>(&o[0][0]);
+      mbarrier_arrive(empty_k);  // A: this warpgroup's reads are done
+      if (wg == 1) own_softmax();
+      multiply(1);
+      wgmma_wait<0>();
+      fence_registers<NO * 4>(&o[0][0]);
+      mbarrier_arrive(empty_k + 1);
+    }
+  }
+
+  // The gathering warpgroup's side of a segment (run_tiles_overlapped, run_tiles_paired): two groups of two
+  // warps, each on its own. With V tiles, the first copies the K tiles of kt0 .. kt1 - 1, the second their V
+  // tiles, into buffer t % STAGES (a K tile never waits for a V tile's copies or buffer). With paired tiles,
+  // the first copies the segment's even tiles into buffer 0, the second the odd ones into buffer 1 (zeros past
+  // kt1). A copier waits for its own copies, makes them visible to the tensor cores' reads (fence_proxy_async)
+  // and arrives on the full barrier.
   __device__ void produce_tiles(const Segment& sg) {
     constexpr int kCopiers = C::kLoadThreads / 2;
     const int g = tid - C::kMathThreads;  // 0 .. kLoadThreads - 1
-    if (g < kCopiers) produce_side<false>(sg.r, sg.h, sg.kt0, sg.kt1, sg.tiles_before, g);
-    else produce_side<true>(sg.r, sg.h, sg.kt0, sg.kt1, sg.tiles_before, g - kCopiers);
+    if (g < kCopiers) produce_side<0>(sg, g);
+    else produce_side<1>(sg, g - kCopiers);
   }
 
-  template <bool kV>
-  __device__ __forceinline__ void produce_side(const RequestInfo& r, int h, int kt0, int kt1, int tiles_before,
-                                               int copier) {
+  template <int kSide>
+  __device__ __forceinline__ void produce_side(const Segment& sg, int copier) {
+    constexpr bool kV = kSide == 1 && !C::kPairedTiles;  // this group copies V rows
+    constexpr int kStep = C::kTileStep;                    // this group's tiles are kStep apart
     constexpr int kCopiers = C::kLoadThreads / 2, kRowsEach = C::kBlockN / kCopiers;
     static_assert(C::kBlockN % kCopiers == 0, "copiers tile the keys");
     constexpr int kTileElems = C::kBlockN * (kV ? C::kDv : C::kDqk);
@@ -347,34 +454,36 @@ struct TreeVerifyCta {
     const T** const slots = kV ? sVRow : sKRow;
     uint64_t* const full = kV ? full_v : full_k;
     uint64_t* const empty = kV ? empty_v : empty_k;
+    const RequestInfo& r = sg.r;
+    const int kt0 = sg.kt0, kt1 = sg.kt1;
     // Where this copier's keys of tile kt are: read a tile ahead, so the index reads hide behind the copies.
     auto rows_of = [&](int kt, const T* (&rows)[kRowsEach]) {
 #pragma unroll
       for (int e = 0; e < kRowsEach; ++e) {
         const KeyRows kr =
-            kt < kt1 ? key_rows(r, h, kt * C::kBlockN + copier + e * kCopiers) : KeyRows{nullptr, nullptr};
+            kt < kt1 ? key_rows(r, sg.h, kt * C::kBlockN + copier + e * kCopiers) : KeyRows{nullptr, nullptr};
         rows[e] = kV ? kr.v : kr.k;
       }
     };
+    const int first = C::kPairedTiles ? kt0 + kSide : kt0;
+    const int end = kt0 + C::turn_tiles(kt1 - kt0);
     const T* next[kRowsEach];
-    rows_of(kt0, next);
-    for (int kt = kt0; kt < kt1; ++kt) {
-      const int t = tiles_before + kt - kt0, buf = t % C::kStages;
+    rows_of(first, next);
+    for (int kt = first; kt < end; kt += kStep) {
+      const int t = sg.tiles_before + kt - kt0, buf = t % C::kStages;
+      // Two slots of row pointers per group, taken in turns: a slot was last read two tiles of the group ago,
+      // before the barrier below.
+      const T** const rows = slots + (C::kPairedTiles ? kSide * 2 + phase_parity(t) : buf) * C::kBlockN;
 #pragma unroll
-      for (int e = 0; e < kRowsEach; ++e)  // the slot's rows were last read STAGES tiles ago, before the barrier
-        slots[buf * C::kBlockN + copier + e * kCopiers] = next[e];
-      named_barrier_sync<kCopiers>(kLoadBarrier + kV);  // the staged rows are visible to every copier
-      mbarrier_wait(empty + buf, phase_parity(t) ^ 1);  // a fresh barrier's "previous phase" counts as done
-      load_rows<kV ? C::kChunksV : C::kChunksQK, kCopiers>(slots + buf * C::kBlockN, tiles + buf * kTileElems,
-                                                          copier);
+      for (int e = 0; e < kRowsEach; ++e) rows[copier + e * kCopiers] = next[e];
+      named_barrier_sync<kCopiers>(kLoadBarrier + kSide);  // the staged rows are visible to every copier
+      mbarrier_wait(empty + buf, phase_parity(t) ^ 1);     // a fresh barrier's "previous phase" counts as done
+      load_rows<kV ? C::kChunksV : C::kChunksQK, kCopiers>(rows, tiles + buf * kTileElems, copier);
       cp_async_commit();
-      rows_of(kt + 1, next);
+      rows_of(kt + kStep, next);
       signal_landed(full + buf);
     }
   }
-
-  // Tile t of the CTA uses buffer t % STAGES; a buffer's barriers complete one phase per use.
-  static __device__ __forceinline__ uint32_t phase_parity(int t) { return (t / C::kStages) & 1; }
 
   // This thread's copies landed: visible to wgmma, announced on `full`.
   __device__ __forceinline__ void signal_landed(uint64_t* full) {
@@ -383,11 +492,15 @@ struct TreeVerifyCta {
     mbarrier_arrive(full);
   }
 
+  // Tile t of the CTA uses buffer t % STAGES; a buffer's barriers complete one phase per use.
+  static __device__ __forceinline__ uint32_t phase_parity(int t) { return (t / C::kStages) & 1; }
+
+
   // Two math warpgroups take turns issuing their GEMMs (ping-pong): while one waits for its S GEMM and runs its
   // softmax, the tensor cores work on the other's GEMMs. Warpgroup w waits on barrier kTurnBarrier + w until
   // the other has passed it the turn; warpgroup 1 passes the first one, once per kernel (first_tensor_turn).
   // Both issue the same number of GEMM groups per segment, so the turns stay paired across segments.
-  static constexpr bool kPingPong = C::kLoadThreads > 0 && C::kMathThreads == 256;
+  static constexpr bool kPingPong = C::kOverlapPv && C::kMathThreads == 256;
   __device__ __forceinline__ void first_tensor_turn() {
     if constexpr (kPingPong)
       if (wg == 1) named_barrier_arrive<256>(kTurnBarrier);
@@ -433,7 +546,7 @@ struct TreeVerifyCta {
   static constexpr int kVisWords = (C::kKeysPerWarp + 63) / 64;
   __device__ bool tile_visibility(const RequestInfo& r, int kt, const uint32_t* const (&mask_row)[2],
                                   uint64_t (&vis)[2][kVisWords]) const {
-    const int key0 = kt * C::kBlockN + wn * C::kKeysPerWarp;
+    const int key0 = kt * C::kBlockN + (C::kPairedTiles ? 0 : wn * C::kKeysPerWarp);
     bool any = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half)
@@ -454,8 +567,21 @@ struct TreeVerifyCta {
   __device__ bool softmax_tile(const RequestInfo& r, int kt, bool masked, bool warp_sees,
                                const uint64_t (&vis)[2][kVisWords], float (&s)[NS][4],
                                float (&m_run)[2], float (&l_run)[2], float (&corrections)[2]) {
-    // Uniform branches: each variant is one tight loop. A positive scale is folded into the exponent's FMA
-    // instead (the max commutes with it): one instruction per score.
+    const float score_scale = scale_and_mask(masked, warp_sees, vis, s);
+    float tile_max[2];
+    row_max(s, tile_max);
+    if constexpr (C::kWarpsN > 1) across_warps(tile_max, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
+    float m_new[2];
+#pragma unroll
+    for (int half = 0; half < 2; ++half) m_new[half] = raised_reference(m_run[half], tile_max[half] * score_scale);
+    return exponentiate(score_scale, m_new, s, m_run, l_run, corrections);
+  }
+
+  // Scores into the log2 domain and the tree mask. Returns the scale still to apply: a positive scale is
+  // folded into the exponent's FMA instead (the max commutes with it), one instruction per score. Uniform
+  // branches: each variant is one tight loop.
+  __device__ float scale_and_mask(bool masked, bool warp_sees, const uint64_t (&vis)[2][kVisWords],
+                                  float (&s)[NS][4]) {
     float score_scale = 1.f;
     if (p.logit_cap > 0.f) {
       const float inner = p.sm_scale / p.logit_cap, outer = p.logit_cap * 1.4426950408889634f;
@@ -485,7 +611,11 @@ struct TreeVerifyCta {
             if (!((mine[n / 8] >> ((n % 8) * 8 + e)) & 1ull)) s[n][2 * half + e] = -INFINITY;
       }
     }
-    float tile_max[2];
+    return score_scale;
+  }
+
+  // The maximum of each of this thread's two rows over the warp's keys of the tile (its quad's).
+  __device__ __forceinline__ void row_max(const float (&s)[NS][4], float (&tile_max)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       float mx = -INFINITY;
@@ -495,18 +625,38 @@ struct TreeVerifyCta {
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       tile_max[half] = mx;
     }
-    if constexpr (C::kWarpsN > 1) across_warps(tile_max, -INFINITY, [](float a, float b) { return fmaxf(a, b); });
+  }
 
+  // A row's reference maximum moves only when the tile's (m_tile, log2 units) exceeds it by more than 8:
+  // probabilities up to 2^8 lose nothing in T or in the fp32 sums, and most tiles then rescale nothing.
+  static __device__ __forceinline__ float raised_reference(float m_ref, float m_tile) {
+    return m_tile > m_ref + 8.f ? m_tile : m_ref;
+  }
+
+  // s (as scale_and_mask left it) into probabilities against the reference maxima m_new, which replace m_run;
+  // the row sums follow, and `corrections` rescale what O accumulated. Returns whether any reference moved.
+  __device__ __forceinline__ bool exponentiate(float score_scale, const float (&m_new)[2], float (&s)[NS][4],
+                                               float (&m_run)[2], float (&l_run)[2], float (&corrections)[2]) {
+    float sums[2];
+    probabilities(score_scale, m_new, s, sums);
     bool rescale = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      // A row's reference maximum moves only when the tile's exceeds it by more than 8 (log2 units):
-      // probabilities up to 2^8 lose nothing in T or in the fp32 sums, and most tiles then rescale nothing.
-      const float m_tile = tile_max[half] * score_scale;
-      const float m_new = m_tile > m_run[half] + 8.f ? m_tile : m_run[half];
-      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // nothing visible yet: keep zeros, no NaN
-      const float correction = fast_exp2(m_run[half] - m_use);
-      m_run[half] = m_new;
+      corrections[half] = reference_step(m_run[half], m_new[half]);
+      m_run[half] = m_new[half];
+      l_run[half] = l_run[half] * corrections[half] + sums[half];
+      rescale |= corrections[half] != 1.f;
+    }
+    return rescale;
+  }
+
+  // s into probabilities against the reference maxima m_new (a row with nothing visible yet: zeros, no NaN),
+  // and each row's sum over this thread's columns.
+  __device__ __forceinline__ void probabilities(float score_scale, const float (&m_new)[2], float (&s)[NS][4],
+                                                float (&sums)[2]) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float m_use = m_new[half] == -INFINITY ? 0.f : m_new[half];
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < NS; ++n)
@@ -516,11 +666,14 @@ struct TreeVerifyCta {
           s[n][2 * half + e] = pv;
           sum += pv;
         }
-      l_run[half] = l_run[half] * correction + sum;
-      corrections[half] = correction;
-      rescale |= correction != 1.f;
+      sums[half] = sum;
     }
-    return rescale;
+  }
+
+  // The factor that moves what was accumulated against reference maximum m_old to m_new >= m_old (zero while
+  // nothing was visible: what there is, is zeros).
+  static __device__ __forceinline__ float reference_step(float m_old, float m_new) {
+    return fast_exp2(m_old - (m_new == -INFINITY ? 0.f : m_new));
   }
 
   // Once the reference maxima settle, most tiles move none of them: the warp then skips rescaling O.
@@ -606,21 +759,13 @@ struct TreeVerifyCta {
       }
     } else {
       // Share P: the PV phase needs every key of the row group, the S phase split them across warps.
-#pragma unroll
-      for (int n = 0; n < NS; ++n)
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int row = wm * 16 + (lane >> 2) + 8 * half;
-          const int col = wn * C::kKeysPerWarp + n * 8 + 2 * (lane & 3);
-          *reinterpret_cast<uint32_t*>(sP + swizzle(row, col / 8, C::kBlockM) * 8 + col % 8) =
-              pack2<T>(s[n][2 * half], s[n][2 * half + 1]);
-        }
+      store_p(s, sP, wn * C::kKeysPerWarp, {1.f, 1.f});
       if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads P through the async proxy
       __syncthreads();
       if constexpr (!C::kVTile)
         if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
       if constexpr (C::kWgmma) {
-        issue_pv_smem(v_tile, o);
+        issue_pv_smem(sP, v_tile, o);
         wgmma_wait<0>();
       } else {
 #pragma unroll
@@ -631,6 +776,20 @@ struct TreeVerifyCta {
         }
       }
     }
+  }
+
+  // This warp's P (s, its keys from column key0) times each row's `scale` into p_tile: BLOCK_M rows, swizzled
+  // K-major like Q (the A operand of issue_pv_smem).
+  __device__ __forceinline__ void store_p(const float (&s)[NS][4], T* p_tile, int key0, const float (&scale)[2]) {
+#pragma unroll
+    for (int n = 0; n < NS; ++n)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int row = wm * 16 + (lane >> 2) + 8 * half;
+        const int col = key0 + n * 8 + 2 * (lane & 3);
+        *reinterpret_cast<uint32_t*>(p_tile + swizzle(row, col / 8, C::kBlockM) * 8 + col % 8) =
+            pack2<T>(s[n][2 * half] * scale[half], s[n][2 * half + 1] * scale[half]);
+      }
   }
 
   // wgmma GEMMs of this warp's warpgroup: rows [64 * (wm / 4), +64), the warpgroup's keys (S) or output
@@ -646,7 +805,7 @@ struct TreeVerifyCta {
   // S = Q Kᵀ: Q and K both K-major (rows of Dqk). Overwrites s.
   __device__ __forceinline__ void issue_qk(const T* k_tile, float (&s)[NS][4]) {
     const uint64_t q_desc = smem_desc(sQ + wg_row0 * 64, 16, kGroupBytes);
-    const uint64_t k_desc = smem_desc(k_tile + wg_n * C::kKeysPerWarp * 64, 16, kGroupBytes);
+    const uint64_t k_desc = smem_desc(k_tile + (C::kPairedTiles ? 0 : wg_n) * C::kKeysPerWarp * 64, 16, kGroupBytes);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kDqk / 16; ++kk)
@@ -673,9 +832,9 @@ struct TreeVerifyCta {
     wgmma_commit();
   }
 
-  // O += P V with P shared through shared memory (WARPS_N > 1), K-major like Q.
-  __device__ __forceinline__ void issue_pv_smem(const T* v_tile, float (&o)[NO][4]) {
-    const uint64_t p_desc = smem_desc(sP + wg_row0 * 64, 16, kGroupBytes);
+  // O += P V with P shared through shared memory (WARPS_N > 1; p_tile: BLOCK_M rows, K-major like Q).
+  __device__ __forceinline__ void issue_pv_smem(const T* p_tile, const T* v_tile, float (&o)[NO][4]) {
+    const uint64_t p_desc = smem_desc(p_tile + wg_row0 * 64, 16, kGroupBytes);
     const uint64_t desc = v_desc(v_tile);
     wgmma_fence();
 #pragma unroll

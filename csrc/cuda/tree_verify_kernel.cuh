@@ -41,7 +41,7 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
       __syncthreads();  // the previous segment is done with shared memory
       segment(Segment{r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt),
                       q - split, splits, q, tiles_before});
-      tiles_before += kt1 - kt0;
+      tiles_before += C::turn_tiles(kt1 - kt0);
     }
   };
   if constexpr (C::kLoadThreads > 0) {
