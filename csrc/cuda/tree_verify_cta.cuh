@@ -12,8 +12,9 @@
 // two paths differ only in how the two GEMMs are issued; the softmax, mask, stores and merge are shared.
 // A row tile split over several CTAs leaves normalized partial outputs and their log-sum-exp in the
 // workspace; the CTA that finishes last (atomic counter) merges them in a fixed order (deterministic).
-// On the wgmma path with P in registers (GQA, Dv <= 128) the CTA is warp-specialized: the math warpgroups
-// compute while one more warpgroup gathers K/V tiles into a ring of buffers tracked by mbarriers.
+// On the wgmma path with P in registers (GQA, Dv <= 128), and for MLA with V in K (paired tiles: the two math
+// warpgroups take the KV tiles in turns), the CTA is warp-specialized: the math warpgroups compute while one
+// more warpgroup gathers K/V tiles into a ring of buffers tracked by mbarriers.
 // This file: one CTA's state and its per-tile work (run_segment, the tile loops, the softmax, the GEMMs). Its
 // loads are in tree_verify_loads.cuh, its stores and the merge of split pieces in tree_verify_stores.cuh.
 #pragma once
@@ -54,7 +55,8 @@ struct TreeVerifyCta {
   T* sP;
   float* sRed;
   // Warp-specialized CTAs: per K and per V buffer, "full" (its copiers' copies landed; kLoadThreads / 2
-  // arrivals) and "empty" (the math warps are done reading it; kMathThreads arrivals).
+  // arrivals) and "empty" (the math warps are done reading it; kMathThreads arrivals). Paired tiles have no V
+  // tiles: their full_v[x] announces the P of the pair's tile x (run_tiles_paired).
   uint64_t* full_k;
   uint64_t* full_v;
   uint64_t* empty_k;
