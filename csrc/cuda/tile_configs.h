@@ -54,10 +54,12 @@
 //     to land) and mbarrier hand-offs of P (kept: racecheck follows
 //     mbarriers; it flagged the first version's bar.arrive hand-offs)    75 / 214 / 204 /  95 / 328
 //     its math alone (the gatherers copy nothing)                        70 / 174 / 170 /  77 / 279
+//   tried: B's S issued with A's again, with the mbarrier hand-offs: 76 / 212 / 205 / 96 / 326, the same as kept
+//   (the first version's lead came with its bar.arrive hand-offs).
 // So the paired kernel is bound by its math first (S at N = 64 reads 128 bytes of shared memory per
 // tensor-core cycle, the limit), then by the copies of a pair's tiles, which begin only when the previous pair
 // is done with the buffer. Next: halves of the K buffers with barriers of their own (A's first 256 columns go
-// back to the copiers right after warpgroup 0's PV GEMM), and B's S first with mbarrier hand-offs.
+// back to the copiers right after warpgroup 0's PV GEMM).
 // What bounds it now (GQA, development script, us, G1 / G2 / G3 / G4 / G5):
 //   the whole kernel                                          33 / 105 / 111 /  84 /  99
 //   the gathers alone (math warps only wait and hand back)    29 /  89 / 105 /  80 /  75
