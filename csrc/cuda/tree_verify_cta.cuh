@@ -333,10 +333,11 @@ struct TreeVerifyCta {
   // rows and each owns 256 of O's columns. They take the segment's tiles in pairs (A, B): warpgroup 0 computes
   // S of A and its softmax, warpgroup 1 those of B (a missing last B is all zeros, masked out), and each puts
   // its P in its tile's columns past Dv (which S has finished with) with the tile's reference maxima (s_ref):
-  // A's from the previous pair's, B's from A's. Then each warpgroup moves its O to A's reference and adds A's
-  // P V, then to B's and adds B's P V, every GEMM issued the same way on both sides. So a tile goes back to the
-  // copiers as soon as both have multiplied it, and the copies of the next A overlap B's softmax and GEMMs.
-  // Tile t of the CTA is in buffer t % 2 (tiles_before is even), filled by the gathering warpgroup.
+  // A's from the previous pair's, B's from A's. Each warpgroup moves its O to A's reference and adds A's P V,
+  // then to B's and adds B's P V (both from shared memory, so the two sides issue the same PV GEMMs). So a tile
+  // goes back to the copiers as soon as both have multiplied it, and the copies of the next A overlap B's
+  // softmax and GEMMs. Tile t of the CTA is in buffer t % 2 (tiles_before is even), filled by the gathering
+  // warpgroup.
   __device__ void run_tiles_paired(const RequestInfo& r, int h, int m0, int kt0, int kt1, int tiles_before,
                                    float (&o)[NO][4], float (&m_run)[2], float (&l_run)[2],
                                    const uint32_t* const (&mask_row)[2]) {
