@@ -105,6 +105,17 @@ def test_mla_heads(ops, num_heads, dtype, draft_mode):
     check_case(ops, case)
 
 
+@pytest.mark.parametrize("draft_mode", DRAFT_MODES)
+def test_mla_v_apart_from_k(ops, draft_mode):
+    """MLA head dims with V stored apart from K (not its first 512 columns): the kernel that loads V over K."""
+    case = make_verify_case(
+        tree_sizes=[64, 9, 30], prefix_lens=[900, 0, 130], num_q_heads=16, num_kv_heads=1, head_dim_qk=576,
+        head_dim_v=512, dtype=torch.bfloat16, device="cuda", draft_mode=draft_mode, layout="contiguous",
+        pad_rows=2, generator=gen(57))
+    assert case.v_cache.data_ptr() != case.k_cache.data_ptr()
+    check_case(ops, case)
+
+
 @pytest.mark.parametrize("logit_cap", [0.5, 30.0])
 @pytest.mark.parametrize("kind", ["gqa", "mla"])
 def test_logit_cap(ops, kind, logit_cap):
