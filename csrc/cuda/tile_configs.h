@@ -1,12 +1,13 @@
 // Tile shapes and split heuristics of the tree-verify kernel, one line per head-dim family.
-// TreeVerifyConfig<T, Dqk, Dv, BLOCK_M, BLOCK_N, WARPS_N, STAGES, WGMMA, V_TILE>: a portable mma.sync
-// configuration and an sm_90a wgmma one per family.
+// TreeVerifyConfig<T, Dqk, Dv, BLOCK_M, BLOCK_N, WARPS_N, STAGES, WGMMA, V_TILE, PAIRED_TILES>: a portable
+// mma.sync configuration and an sm_90a wgmma one per family.
 //
 // Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md, one change at a time) with a
 // development timing script: uniformly random parents, draft K/V in the cache, slots drawn from a pool twice the
-// need. `python -m kdtree_ops bench` (examples/results) is the reference; at the last step it measured
-// G1 37 / G2 106 / G4 89 / G5 106 / M1 74 / M2 232 / M5 381 us (best-first trees, separate draft K/V): the same
-// for GQA, faster for MLA, a difference not isolated yet.
+// need. `python -m kdtree_ops bench` (examples/results) is the reference. The MLA rows of this script up to the
+// key-split kernel moved k_cache and v_cache to the GPU separately, so V was not a view of K there and every
+// tile took the V-reload path (about twice the benchmark's time); the MLA section below is measured with V a
+// view of K, as the benchmark and SGLang's pool have it.
 // Portable mma.sync kernel (G1 / G2 / M1 / M2 in us):
 //   first version (a kv_indices read per 16-byte chunk, inline)         136 / 652 / 253 / 1079
 //   key sources staged in shared memory one tile ahead                   125 / 525 / 241 /  915
