@@ -4,10 +4,10 @@
 //
 // Measured on an H200 (bf16, median of CUDA-graph replays, workloads of DESIGN.md, one change at a time) with a
 // development timing script: uniformly random parents, draft K/V in the cache, slots drawn from a pool twice the
-// need. `python -m kdtree_ops bench` (examples/results) is the reference. The MLA rows of this script up to the
-// key-split kernel moved k_cache and v_cache to the GPU separately, so V was not a view of K there and every
-// tile took the V-reload path (about twice the benchmark's time); the MLA section below is measured with V a
-// view of K, as the benchmark and SGLang's pool have it.
+// need. `python -m kdtree_ops bench` (examples/results) is the reference. The M1 / M2 / M5 columns above the MLA
+// section come from a version of the script that moved k_cache and v_cache to the GPU separately, so V was not
+// a view of K and every tile took the V-reload path (about twice the benchmark's time); the MLA section is
+// measured with V a view of K, as the benchmark and SGLang's pool have it.
 // Portable mma.sync kernel (G1 / G2 / M1 / M2 in us):
 //   first version (a kv_indices read per 16-byte chunk, inline)         136 / 652 / 253 / 1079
 //   key sources staged in shared memory one tile ahead                   125 / 525 / 241 /  915
