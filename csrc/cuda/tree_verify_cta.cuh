@@ -121,6 +121,15 @@ struct TreeVerifyCta {
 
   // Q rows of the tile: row r is token (m0 + r) / G, query head h * G + (m0 + r) % G.
   __device__ void load_q(const RequestInfo& r, int h, int m0);
+  // The same, landed and visible to every math warp's wgmma (the warp-specialized loops: the gatherers' copies
+  // are tracked by mbarriers, so nothing else is in flight here).
+  __device__ __forceinline__ void load_q_landed(const RequestInfo& r, int h, int m0) {
+    load_q(r, h, m0);
+    cp_async_commit();
+    cp_async_wait<0>();
+    fence_proxy_async();
+    math_sync();
+  }
 
   struct KeyRows {
     const T* k;
@@ -275,11 +284,7 @@ struct TreeVerifyCta {
     uint32_t p_prev[C::kBlockN / 16][4];  // P of tile kt - 1 (A fragments): its PV GEMM reads them
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) p_prev[kk][0] = p_prev[kk][1] = p_prev[kk][2] = p_prev[kk][3] = 0;
-    load_q(r, h, m0);
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async();
-    math_sync();  // Q landed for every math warp
+    load_q_landed(r, h, m0);
 
     const T* v_prev = sZero;
     for (int kt = kt0; kt < kt1; ++kt) {
@@ -344,24 +349,9 @@ struct TreeVerifyCta {
     constexpr int kKTile = C::kBlockN * C::kDqk;
     auto p_of = [&](int x) { return sK + x * kKTile + C::kBlockN * C::kDv; };  // tile x's last 64 columns
     auto s_ref = [&](int x) { return sRed + x * C::kBlockM; };  // tile x's reference maxima, one per row
-    load_q(r, h, m0);
-    cp_async_commit();
-    cp_async_wait<0>();
-    fence_proxy_async();
-    math_sync();  // Q landed for every math warp
+    load_q_landed(r, h, m0);
 
     const int row0 = wm * 16 + (lane >> 2);  // this thread's rows: row0, row0 + 8
-    // This warpgroup's O and row sums (its own tiles' probabilities) move to reference maxima m_new.
-    auto advance = [&](const float (&m_new)[2], const float (&sums)[2]) {
-      float step[2];
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        step[half] = reference_step(m_run[half], m_new[half]);
-        m_run[half] = m_new[half];
-        l_run[half] = l_run[half] * step[half] + sums[half];
-      }
-      rescale_o(o, step, step[0] != 1.f || step[1] != 1.f);
-    };
     // With no V tiles, full_v[x] announces tile x's P and reference maxima: its owner's 128 arrivals.
     uint64_t* const p_ready = full_v;
     const int n = C::turn_tiles(kt1 - kt0);
@@ -404,7 +394,8 @@ struct TreeVerifyCta {
           mbarrier_wait(p_ready + x, parity);
           m_x[0] = s_ref(x)[row0], m_x[1] = s_ref(x)[row0 + 8];
         }
-        advance(m_x, sums);
+        float step[2];  // this warpgroup's O and row sums move to tile x's reference maxima
+        rescale_o(o, step, move_reference(m_x, sums, m_run, l_run, step));
         issue_pv_smem(p_of(x), sK + x * kKTile, o);
       };
 
@@ -642,10 +633,18 @@ struct TreeVerifyCta {
                                                float (&m_run)[2], float (&l_run)[2], float (&corrections)[2]) {
     float sums[2];
     probabilities(score_scale, m_new, s, sums);
+    return move_reference(m_new, sums, m_run, l_run, corrections);
+  }
+
+  // The running reference maxima m_run move to m_new (>= m_run): the sums l_run follow and take `sums`
+  // (probabilities against m_new); `corrections` rescale what O accumulated. Returns whether any moved.
+  static __device__ __forceinline__ bool move_reference(const float (&m_new)[2], const float (&sums)[2],
+                                                        float (&m_run)[2], float (&l_run)[2],
+                                                        float (&corrections)[2]) {
     bool rescale = false;
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      corrections[half] = reference_step(m_run[half], m_new[half]);
+      corrections[half] = fast_exp2(m_run[half] - usable(m_new[half]));  // 0 while m_run saw nothing: zeros
       m_run[half] = m_new[half];
       l_run[half] = l_run[half] * corrections[half] + sums[half];
       rescale |= corrections[half] != 1.f;
@@ -659,7 +658,7 @@ struct TreeVerifyCta {
                                                 float (&sums)[2]) {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      const float m_use = m_new[half] == -INFINITY ? 0.f : m_new[half];
+      const float m_use = usable(m_new[half]);
       float sum = 0.f;
 #pragma unroll
       for (int n = 0; n < NS; ++n)
@@ -673,11 +672,9 @@ struct TreeVerifyCta {
     }
   }
 
-  // The factor that moves what was accumulated against reference maximum m_old to m_new >= m_old (zero while
-  // nothing was visible: what there is, is zeros).
-  static __device__ __forceinline__ float reference_step(float m_old, float m_new) {
-    return fast_exp2(m_old - (m_new == -INFINITY ? 0.f : m_new));
-  }
+  // A reference maximum to subtract: a row with nothing visible yet (-inf) uses 0, so its zeros stay zeros
+  // and nothing turns NaN.
+  static __device__ __forceinline__ float usable(float m) { return m == -INFINITY ? 0.f : m; }
 
   // Once the reference maxima settle, most tiles move none of them: the warp then skips rescaling O.
   __device__ __forceinline__ void rescale_o(float (&o)[NO][4], const float (&corrections)[2],
