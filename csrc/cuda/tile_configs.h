@@ -61,6 +61,21 @@
 // tensor-core cycle, the limit), then by the copies of a pair's tiles, which begin only when the previous pair
 // is done with the buffer. Next: halves of the K buffers with barriers of their own (A's first 256 columns go
 // back to the copiers right after warpgroup 0's PV GEMM).
+// The epilogue (tree_verify_stores.cuh), every kernel. Per-phase clocks of each CTA (clock64 stamps in a
+// development build) showed the kernels spending 5-7 us before the first tile (schedule, Q) and, at the end,
+// 12 us storing MLA M1's fp32 partials straight from the fragments, 22 us for one CTA to merge a row tile's
+// eight pieces (1 MB), 9 us storing M5's bf16 output. Development script, us (G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
+//   before (fragment stores; the last CTA merges)        34 107 114  86 101 /  76 216 211  97 331
+//   O staged in shared memory, 16-byte row stores; the
+//     partial published in 4 row slices with a counter
+//     each, whoever completes a slice merges it           30 106 113  81 103 /  55 194 204  90 320
+//   partials in T (their log-sum-exps in fp32); the merging
+//     CTA adds its own piece from the staged copy         29 105 113  81  98 /  53 191 196  82 323
+//   the merge branch-free (it was bound by instruction
+//     latency, ncu: no memory stall dominated); the
+//     schedule in two block scans instead of three        27 106 112  79 100 /  53 188 191  80 320
+//   tried: the merge's loads in registers, 16 in flight per thread (ptxas spilled 2 KB, in the tile loop too);
+//   a fresh pipeline per slice instead of one stream over the slices: the same time.
 // What bounds it now (GQA, development script, us, G1 / G2 / G3 / G4 / G5):
 //   the whole kernel                                          33 / 105 / 111 /  84 /  99
 //   the gathers alone (math warps only wait and hand back)    29 /  89 / 105 /  80 /  75

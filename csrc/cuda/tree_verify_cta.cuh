@@ -11,7 +11,8 @@
 // owns 16 consecutive rows. wgmma leaves its accumulators in the same per-warp layout as mma.sync, so the
 // two paths differ only in how the two GEMMs are issued; the softmax, mask, stores and merge are shared.
 // A row tile split over several CTAs leaves normalized partial outputs and their log-sum-exp in the
-// workspace; the CTA that finishes last (atomic counter) merges them in a fixed order (deterministic).
+// workspace, in slices of rows with an arrival counter each; the CTA that completes a slice's count merges
+// that slice, reading the pieces in a fixed order (deterministic).
 // On the wgmma path with P in registers (GQA, Dv <= 128), and for MLA with V in K (paired tiles: the two math
 // warpgroups take the KV tiles in turns), the CTA is warp-specialized: the math warpgroups compute while one
 // more warpgroup gathers K/V tiles into a ring of buffers tracked by mbarriers.
@@ -207,23 +208,8 @@ struct TreeVerifyCta {
       across_warps(l_run, 0.f, [](float a, float b) { return a + b; });
     }
 
-    if (pieces == 1) {
-      store_output(r, h, m0, o, l_run);
-    } else {
-      store_partial(o, m_run, l_run, sg.piece);
-      __threadfence();
-      math_sync();
-      if (tid == 0) {
-        const int done = atomicAdd(p.row_tile_counters + sg.row_tile, 1);
-        const bool last = done == pieces - 1;
-        *sFlag = last;
-      }
-      math_sync();
-      if (*sFlag) {
-        __threadfence();
-        combine(r, h, m0, sg.first_piece, pieces);
-      }
-    }
+    if (pieces == 1) store_output(r, h, m0, o, l_run);
+    else store_partial(sg, m0, o, m_run, l_run);
   }
 
   // Row pointers of the tiles [kt0, kt0 + n) into slots 0..n-1 (nullptr past kt1).
@@ -864,16 +850,19 @@ struct TreeVerifyCta {
            C::kDv;
   }
 
+  // The epilogue (tree_verify_stores.cuh). O, normalized, is staged in the K/V buffers in T.
+  __device__ T* staged_chunk(int row, int chunk) const;
+  __device__ void stage_output(const float (&o)[NO][4], const float (&l_run)[2]);
+  // A whole row tile: its rows of `out`.
   __device__ void store_output(const RequestInfo& r, int h, int m0, const float (&o)[NO][4],
                                const float (&l_run)[2]);
-
-  __device__ void store_partial(const float (&o)[NO][4], const float (&m_run)[2],
-                                const float (&l_run)[2], long long slot);
-
-  // Merge the pieces of a split row tile (slots first_piece .. first_piece + pieces - 1). The merge is
-  // latency-bound, so the per-(piece, row) weights are staged in the idle K/V buffers first and every thread
-  // then keeps all its 16-byte partial loads of a piece in flight at once.
-  __device__ void combine(const RequestInfo& r, int h, int m0, long long first_piece, int pieces);
+  // A piece of a split row tile: its partial and log-sum-exps in slot sg.piece, published slice by slice; the
+  // slices whose count this CTA completes are merged into `out` (merge_slices; `own`: this CTA's piece).
+  static constexpr int kSlices = 4;
+  __device__ void store_partial(const Segment& sg, int m0, const float (&o)[NO][4], const float (&m_run)[2],
+                                const float (&l_run)[2]);
+  __device__ void merge_slices(const RequestInfo& r, int h, int m0, uint32_t slices, long long first_piece,
+                               int pieces, int own);
 };
 
 }  // namespace kdtree::cuda

@@ -17,7 +17,7 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
   long long* piece_start = p.schedule + static_cast<int64_t>(blockIdx.x) * 2 * (p.batch + 1);  // this CTA's
   const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(p, piece_start, piece_start + p.batch + 1);
 
-  const long long pieces_total = sched.piece_start[p.batch];
+  const long long pieces_total = sched.pieces;
   const long long per_cta = (pieces_total + gridDim.x - 1) / gridDim.x;
   const long long q_begin = blockIdx.x * per_cta;
   const long long q_end = min(q_begin + per_cta, pieces_total);

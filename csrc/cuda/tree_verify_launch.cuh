@@ -52,18 +52,21 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
       ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM + p.batch);
   // Pieces: sum over row tiles of max(1, floor(n_tiles * grid / units)) <= grid + row tiles.
   const int64_t slots = grid + row_tiles;
-  // One allocation per call from the caching allocator (graph-pool aware): partial outputs and their
-  // log-sum-exp, each CTA's schedule, then one arrival counter per row tile. Only the counters need zeros: a
-  // memset node, where a persistent buffer would be an untracked live allocation in a captured graph's pool.
-  const int64_t partial_floats = slots * C::kBlockM * (C::kDv + 1);
+  // One allocation per call from the caching allocator (graph-pool aware): partial outputs (in T) and their
+  // log-sum-exps, each CTA's schedule, then the arrival counters of each row tile's slices. Only the counters
+  // need zeros: a memset node, where a persistent buffer would be an untracked live allocation in a captured
+  // graph's pool. Sizes in floats; every part starts on a 16-byte boundary (BLOCK_M is a multiple of 64).
+  const int64_t partial_floats = slots * C::kBlockM * (C::kDv / 2 + 1);
   const int64_t schedule_floats = static_cast<int64_t>(grid) * 2 * (p.batch + 1) * 2;  // int64 = 2 floats
-  at::Tensor workspace = at::empty({partial_floats + schedule_floats + row_tiles}, q.options().dtype(at::kFloat));
-  p.partial_out = workspace.data_ptr<float>();
-  p.partial_lse = p.partial_out + slots * C::kBlockM * C::kDv;
-  p.schedule = reinterpret_cast<long long*>(p.partial_out + partial_floats);  // 8-byte aligned: even offset
-  p.row_tile_counters = reinterpret_cast<int*>(p.partial_out + partial_floats + schedule_floats);
+  const int64_t counters = row_tiles * TreeVerifyCta<C>::kSlices;
+  at::Tensor workspace = at::empty({partial_floats + schedule_floats + counters}, q.options().dtype(at::kFloat));
+  float* base = workspace.data_ptr<float>();
+  p.partial_out = base;
+  p.partial_lse = base + slots * C::kBlockM * C::kDv / 2;
+  p.schedule = reinterpret_cast<long long*>(base + partial_floats);
+  p.row_tile_counters = reinterpret_cast<int*>(base + partial_floats + schedule_floats);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(cudaMemsetAsync(p.row_tile_counters, 0, row_tiles * sizeof(int), stream));
+  C10_CUDA_CHECK(cudaMemsetAsync(p.row_tile_counters, 0, counters * sizeof(int), stream));
   p.min_units_per_cta = kMinUnitsPerCta;
 
   tree_verify_attention_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);

@@ -1,109 +1,210 @@
 // What the tree-verify CTA writes: finished rows, the normalized partials of split row tiles, and their
-// merge by the last-arriving CTA; plus the zeroed padding rows of a graph bucket.
+// merge; plus the zeroed padding rows of a graph bucket.
+//
+// O leaves the registers through shared memory (the idle K/V buffers), so that every global write is a
+// whole 16-byte vector of a contiguous row: written straight from the MMA fragments, each warp instruction
+// would touch eight rows with 8- or 16-byte pieces (MLA M5's output took 8.8 us that way, M1's fp32 partials
+// 12 us). Partials are in T, as the output (their log-sum-exps in fp32): half the bytes of fp32 to write and
+// to merge, and the merging CTA adds its own piece from the staged copy that it published.
+//
+// A split row tile's partials are published in kSlices slices of rows, each with its own arrival counter, and
+// whoever completes a slice's count merges that slice. The pieces publish their slices in rotated orders
+// (piece k starts at slice k % kSlices), so pieces that finish together complete different slices and share
+// the merge; a single last piece merges everything. (One CTA merging the whole tile read 1 MB for MLA M1's
+// eight pieces: 22 us.) The merge of a slice reads the pieces in a fixed order, so results are deterministic.
 #pragma once
 
 #include "tree_verify_cta.cuh"
 
 namespace kdtree::cuda {
 
-template <class C>
-__device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int m0, const float (&o)[NO][4],
-                                               const float (&l_run)[2]) {
-  T* out = static_cast<T*>(p.out);
+// Arrival on a counter of the work split: release (this CTA's writes, ordered before by a barrier, are visible
+// first) and acquire (the writes of earlier arrivals are visible after it). Returns the count before.
+__device__ __forceinline__ int arrive_counter(int* counter) {
+  int before;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
+  return before;
+}
+
+// Eight T values of a 16-byte chunk, as floats.
+template <typename T>
+__device__ __forceinline__ void unpack8(const uint4& chunk, float (&v)[8]) {
+  const uint32_t words[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int packed = m0 + wm * 16 + (lane >> 2) + 8 * half;
-    if (packed >= r.tree_len * p.group) continue;
-    const float inv = l_run[half] > 0.f ? 1.f / l_run[half] : 0.f;  // sees nothing: zeros
-    T* dst = out + out_offset(r, h, packed);
-#pragma unroll
-    for (int n = 0; n < NO; ++n) {
-      const int col = wn * C::kDvPerWarp + n * 8 + 2 * (lane & 3);
-      *reinterpret_cast<uint32_t*>(dst + col) = pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
-    }
+  for (int w = 0; w < 4; ++w) {
+    float2 f;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&words[w]));
+    else f = __half22float2(*reinterpret_cast<const __half2*>(&words[w]));
+    v[2 * w] = f.x, v[2 * w + 1] = f.y;
   }
 }
 
+// Staged O: row-major [BLOCK_M][Dv] of T at the start of the K/V buffers, 16-byte chunk c of row r at chunk
+// c ^ (r % 8) of the row: the fragment writes (eight rows per instruction) and the row reads are both free of
+// bank conflicts.
 template <class C>
-__device__ void TreeVerifyCta<C>::store_partial(const float (&o)[NO][4], const float (&m_run)[2],
-                                                const float (&l_run)[2], long long slot) {
-  float* po = p.partial_out + static_cast<int64_t>(slot) * C::kBlockM * C::kDv;
+__device__ __forceinline__ typename C::T* TreeVerifyCta<C>::staged_chunk(int row, int chunk) const {
+  static_assert(C::kDv / 8 % 8 == 0, "whole groups of eight chunks per row");
+  return sK + row * C::kDv + (chunk ^ (row & 7)) * 8;
+}
+
+template <class C>
+__device__ void TreeVerifyCta<C>::stage_output(const float (&o)[NO][4], const float (&l_run)[2]) {
+  math_sync();  // every warp is done with the K/V buffers
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = wm * 16 + (lane >> 2) + 8 * half;
-    const float l = l_run[half];
-    const float inv = l > 0.f ? 1.f / l : 0.f;
+    const float inv = l_run[half] > 0.f ? 1.f / l_run[half] : 0.f;  // sees nothing: zeros
 #pragma unroll
     for (int n = 0; n < NO; ++n) {
       const int col = wn * C::kDvPerWarp + n * 8 + 2 * (lane & 3);
-      *reinterpret_cast<float2*>(po + row * C::kDv + col) = make_float2(o[n][2 * half] * inv,
-                                                                        o[n][2 * half + 1] * inv);
+      *reinterpret_cast<uint32_t*>(staged_chunk(row, col / 8) + col % 8) =
+          pack2<T>(o[n][2 * half] * inv, o[n][2 * half + 1] * inv);
     }
-    if (wn == 0 && (lane & 3) == 0)
-      p.partial_lse[slot * C::kBlockM + row] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
+  }
+  math_sync();
+}
+
+template <class C>
+__device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int m0, const float (&o)[NO][4],
+                                               const float (&l_run)[2]) {
+  stage_output(o, l_run);
+  constexpr int kChunks = C::kDv / 8;
+  T* out = static_cast<T*>(p.out);
+  for (int i = tid; i < C::kBlockM * kChunks; i += C::kMathThreads) {
+    const int row = i / kChunks, chunk = i % kChunks;
+    if (m0 + row >= r.tree_len * p.group) continue;  // padding rows of the tile
+    *reinterpret_cast<uint4*>(out + out_offset(r, h, m0 + row) + chunk * 8) =
+        *reinterpret_cast<const uint4*>(staged_chunk(row, chunk));
   }
 }
 
 template <class C>
-__device__ void TreeVerifyCta<C>::combine(const RequestInfo& r, int h, int m0, long long first_piece, int pieces) {
-  auto slot_of = [&](int k) { return first_piece + k; };
-  constexpr int kColVecs = C::kDv / 4;
-  constexpr int kPerThread = C::kBlockM * kColVecs / C::kMathThreads;  // float4 outputs per thread
-  static_assert(C::kBlockM * kColVecs % C::kMathThreads == 0, "threads tile the output");
-  constexpr int kMaxPieces = C::kStages * (C::kKBytes + C::kVBytes) / (4 * C::kBlockM);
-  float* weight = reinterpret_cast<float*>(sK);  // [pieces of this round][BLOCK_M]
-  float* row_max = sRed;                         // [BLOCK_M] max log-sum-exp over the pieces
+__device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const float (&o)[NO][4],
+                                                const float (&m_run)[2], const float (&l_run)[2]) {
+  if (wn == 0 && (lane & 3) == 0)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = wm * 16 + (lane >> 2) + 8 * half;
+      const float l = l_run[half];
+      p.partial_lse[sg.piece * C::kBlockM + row] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
+    }
+  stage_output(o, l_run);
 
+  constexpr int kRows = C::kBlockM / kSlices, kChunks = C::kDv / 8;  // a slice; chunks per row
+  T* partial = static_cast<T*>(p.partial_out) + sg.piece * C::kBlockM * C::kDv;
+  int* counters = p.row_tile_counters + static_cast<int64_t>(sg.row_tile) * kSlices;
+  const int own = static_cast<int>(sg.piece - sg.first_piece);
+  uint32_t completed = 0;  // thread 0: the slices whose count this CTA completed
+#pragma unroll 1
+  for (int j = 0; j < kSlices; ++j) {
+    const int slice = (own + j) % kSlices;
+    for (int i = tid; i < kRows * kChunks; i += C::kMathThreads) {
+      const int row = slice * kRows + i / kChunks, chunk = i % kChunks;
+      __stcg(reinterpret_cast<uint4*>(partial + row * C::kDv) + chunk,
+             *reinterpret_cast<const uint4*>(staged_chunk(row, chunk)));
+    }
+    math_sync();  // the slice is written (and, the first time, the log-sum-exps)
+    if (tid == 0 && arrive_counter(counters + slice) == sg.pieces - 1) completed |= 1u << slice;
+  }
+  if (tid == 0) *sFlag = static_cast<int>(completed);
   math_sync();
-  for (int row = tid; row < C::kBlockM; row += C::kMathThreads) {
-    float mx = -INFINITY;
-    for (int k = 0; k < pieces; ++k) mx = fmaxf(mx, __ldcg(p.partial_lse + slot_of(k) * C::kBlockM + row));
-    row_max[row] = mx;
-  }
-  // Outputs in groups of at most 8 float4 per thread, to bound the registers this tail needs.
-  constexpr int kGroup = kPerThread < 8 ? kPerThread : 8;
-  static_assert(kPerThread % kGroup == 0, "whole groups");
+  completed = static_cast<uint32_t>(*sFlag);
+  if (completed != 0) merge_slices(sg.r, sg.h, m0, completed, sg.first_piece, sg.pieces, own);
+}
+
+template <class C>
+__device__ void TreeVerifyCta<C>::merge_slices(const RequestInfo& r, int h, int m0, uint32_t slices,
+                                               long long first_piece, int pieces, int own) {
+  constexpr int kRows = C::kBlockM / kSlices, kChunks = C::kDv / 8;
+  constexpr int kPerThread = kRows * kChunks / C::kMathThreads;  // 16-byte output chunks per thread
+  static_assert(kRows * kChunks % C::kMathThreads == 0, "threads tile a slice");
+  // Part j is piece j % pieces of the (j / pieces)-th slice to merge. This CTA's own piece is still staged;
+  // the others' stream through a ring behind the staged tile, kRing - 1 parts ahead and across slices: each
+  // thread copies the chunks it adds (cp.async), so it waits only for its own copies and holds no loads in
+  // registers (with the loads in registers, ptxas spilled in the tile loop). The log-sum-exps of kLseCap
+  // parts at a time go to the Q buffer.
+  constexpr int kPartElems = kRows * C::kDv, kRing = 4;
+  constexpr int kLseCap = C::kQBytes / 4 / kRows;
+  static_assert((C::kBlockM * C::kDv + kRing * kPartElems) * sizeof(T) <= C::kStages * (C::kKBytes + C::kVBytes),
+                "the staged tile and the ring fit in the K/V buffers");
+  T* ring = sK + C::kBlockM * C::kDv;
+  float* lse = reinterpret_cast<float*>(sQ);
+  const int parts = __popc(slices) * pieces;
+  auto slice_of = [&](int j) {  // the (j / pieces)-th set bit of `slices`
+    uint32_t rest = slices;
+    for (int n = j / pieces; n > 0; --n) rest &= rest - 1;
+    return __ffs(rest) - 1;
+  };
+  auto copy_part = [&](int j) {  // into ring slot j % kRing; a group either way
+    if (j < parts && j % pieces != own) {
+      const T* src = static_cast<const T*>(p.partial_out) + (first_piece + j % pieces) * C::kBlockM * C::kDv +
+                     slice_of(j) * kPartElems;
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {
+        const int item = tid + i * C::kMathThreads;
+        cp_async_16(ring + (j % kRing) * kPartElems + item * 8, src + item * 8, true);
+      }
+    }
+    cp_async_commit();
+  };
+  auto load_lse = [&](int j0) {  // parts j0 .. j0 + kLseCap - 1
+    math_sync();  // the previous ones are read
+    for (int i = tid; i < min(kLseCap, parts - j0) * kRows; i += C::kMathThreads) {
+      const int j = j0 + i / kRows;  // written by other CTAs: read from L2, never a stale L1 line
+      lse[i] = __ldcg(p.partial_lse + (first_piece + j % pieces) * C::kBlockM + slice_of(j) * kRows + i % kRows);
+    }
+    math_sync();
+  };
+
+  math_sync();  // the publication is done with the K/V buffers
+#pragma unroll
+  for (int j = 0; j < kRing - 1; ++j) copy_part(j);
+  load_lse(0);
   T* out = static_cast<T*>(p.out);
-  for (int g = 0; g < kPerThread; g += kGroup) {
-    float4 acc[kGroup];
-    float weight_sum[kGroup];
+  int j = 0;
+#pragma unroll 1
+  for (uint32_t rest = slices; rest != 0; rest &= rest - 1) {
+    const int row0 = (__ffs(rest) - 1) * kRows;
+    // Per output chunk of the slice: its pieces so far, summed at the reference m (online, like the softmax).
+    float acc[kPerThread][8], m[kPerThread], weight_sum[kPerThread];
 #pragma unroll
-    for (int i = 0; i < kGroup; ++i) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f), weight_sum[i] = 0.f;
-    for (int k0 = 0; k0 < pieces; k0 += kMaxPieces) {
-      const int round = min(kMaxPieces, pieces - k0);
-      math_sync();  // row_max is written / the previous round's weights are consumed
-      for (int i = tid; i < round * C::kBlockM; i += C::kMathThreads) {
-        const int row = i % C::kBlockM;
-        const float lse = __ldcg(p.partial_lse + slot_of(k0 + i / C::kBlockM) * C::kBlockM + row);
-        weight[i] = lse == -INFINITY ? 0.f : exp2f(lse - row_max[row]);
-      }
-      math_sync();
-      // Four pieces' loads in flight at once (MLA M1: 107 -> 99 us against one piece of 16 loads at a time).
-#pragma unroll 4
-      for (int k = 0; k < round; ++k) {
-        const float4* src = reinterpret_cast<const float4*>(
-            p.partial_out + static_cast<int64_t>(slot_of(k0 + k)) * C::kBlockM * C::kDv);
+    for (int i = 0; i < kPerThread; ++i) {
+      m[i] = -INFINITY, weight_sum[i] = 0.f;
 #pragma unroll
-        for (int i = 0; i < kGroup; ++i) {
-          const int item = tid + (g + i) * C::kMathThreads;
-          const float w = weight[k * C::kBlockM + item / kColVecs];
-          const float4 v = __ldcg(src + item);  // written by other CTAs: read from L2, never a stale L1 line
-          acc[i].x += w * v.x, acc[i].y += w * v.y, acc[i].z += w * v.z, acc[i].w += w * v.w;
-          weight_sum[i] += w;
-        }
+      for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
+    }
+    for (int k = 0; k < pieces; ++k, ++j) {
+      if (j > 0 && j % kLseCap == 0) load_lse(j);
+      copy_part(j + kRing - 1);
+      cp_async_wait<kRing - 1>();  // this thread's copies of part j landed
+#pragma unroll
+      for (int i = 0; i < kPerThread; ++i) {  // branch-free: the merge is bound by instruction latency
+        const int item = tid + i * C::kMathThreads;
+        const float x = lse[(j % kLseCap) * kRows + item / kChunks];
+        const float m_new = fmaxf(m[i], x), ref = usable(m_new);  // -inf: nothing visible so far, weights 0
+        const float keep = fast_exp2(m[i] - ref), w = fast_exp2(x - ref);
+        const T* chunk = k == own ? staged_chunk(row0 + item / kChunks, item % kChunks)
+                                  : ring + (j % kRing) * kPartElems + item * 8;
+        float v[8];
+        unpack8<T>(*reinterpret_cast<const uint4*>(chunk), v);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[i][e] = acc[i][e] * keep + w * v[e];
+        weight_sum[i] = weight_sum[i] * keep + w;
+        m[i] = m_new;
       }
     }
 #pragma unroll
-    for (int i = 0; i < kGroup; ++i) {
-      const int item = tid + (g + i) * C::kMathThreads, row = item / kColVecs, col = (item % kColVecs) * 4;
-      const int packed = m0 + row;
-      if (packed >= r.tree_len * p.group) continue;
+    for (int i = 0; i < kPerThread; ++i) {
+      const int item = tid + i * C::kMathThreads, row = row0 + item / kChunks;
+      if (m0 + row >= r.tree_len * p.group) continue;
       const float inv = weight_sum[i] > 0.f ? 1.f / weight_sum[i] : 0.f;  // nothing visible: zeros
-      T* dst = out + out_offset(r, h, packed) + col;
-      *reinterpret_cast<uint2*>(dst) = make_uint2(pack2<T>(acc[i].x * inv, acc[i].y * inv),
-                                                  pack2<T>(acc[i].z * inv, acc[i].w * inv));
+      *reinterpret_cast<uint4*>(out + out_offset(r, h, m0 + row) + (item % kChunks) * 8) =
+          make_uint4(pack2<T>(acc[i][0] * inv, acc[i][1] * inv), pack2<T>(acc[i][2] * inv, acc[i][3] * inv),
+                     pack2<T>(acc[i][4] * inv, acc[i][5] * inv), pack2<T>(acc[i][6] * inv, acc[i][7] * inv));
     }
   }
+  cp_async_wait<0>();
 }
 
 // Rows past qo_indptr[B] (padding of a graph bucket) are outputs nobody else writes: zero them.

@@ -38,32 +38,32 @@ __device__ __forceinline__ RequestInfo request_info(const TreeVerifyParams& p, i
   return r;
 }
 
-// Block-wide exclusive scan of f(b) over requests into out[0..B] (out[B] = total; global memory, read back by
-// the same block after the scan's barriers). All threads call it.
+// Block-wide, over requests b: the exclusive scan of f(b).x into out[0..B] (out[B] = total; global memory,
+// read back by the same block after the scan's barriers), and the sum of f(b).y. All threads call it.
 template <int kThreads, typename F>
-__device__ long long scan_requests(int batch, long long* out, F f) {
+__device__ longlong2 scan_requests(int batch, long long* out, F f) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block of whole warps");
-  __shared__ long long warp_sums[kThreads / 32];
+  __shared__ longlong2 warp_sums[kThreads / 32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  long long carry = 0;
+  longlong2 carry = make_longlong2(0, 0);
   for (int base = 0; base < batch; base += kThreads) {
     const int b = base + threadIdx.x;
-    const long long own = b < batch ? f(b) : 0;
-    long long v = own;  // inclusive warp scan
+    const longlong2 own = b < batch ? f(b) : make_longlong2(0, 0);
+    longlong2 v = own;  // inclusive warp scan
 #pragma unroll
     for (int off = 1; off < 32; off <<= 1) {
-      const long long o = __shfl_up_sync(0xffffffffu, v, off);
-      if (lane >= off) v += o;
+      const long long x = __shfl_up_sync(0xffffffffu, v.x, off), y = __shfl_up_sync(0xffffffffu, v.y, off);
+      if (lane >= off) v.x += x, v.y += y;
     }
     if (lane == 31) warp_sums[warp] = v;
     __syncthreads();
-    long long before = carry;
-    for (int w = 0; w < warp; ++w) before += warp_sums[w];
-    if (b < batch) out[b] = before + v - own;
-    for (int w = 0; w < kThreads / 32; ++w) carry += warp_sums[w];
+    long long before = carry.x;
+    for (int w = 0; w < warp; ++w) before += warp_sums[w].x;
+    if (b < batch) out[b] = before + v.x - own.x;
+    for (int w = 0; w < kThreads / 32; ++w) carry.x += warp_sums[w].x, carry.y += warp_sums[w].y;
     __syncthreads();
   }
-  if (threadIdx.x == 0) out[batch] = carry;
+  if (threadIdx.x == 0) out[batch] = carry.x;
   __syncthreads();
   return carry;
 }
@@ -85,6 +85,7 @@ struct Schedule {
   long long* piece_start;  // [B+1] first piece of each request (the CTA's own copy in the workspace)
   long long* tile_start;   // [B+1] first row tile of each request
   long long units;         // (row tile, KV tile) pairs of the whole batch
+  long long pieces;        // pieces of the whole batch
 };
 
 // Pieces per row tile of a request: its share of the grid, floor(n_tiles * grid / units), so that the pieces
@@ -98,18 +99,18 @@ __device__ __forceinline__ int splits_of(const RequestInfo& r, long long units, 
 
 template <int kThreads, int kBlockM, int kBlockN>
 __device__ Schedule build_schedule(const TreeVerifyParams& p, long long* piece_start, long long* tile_start) {
-  scan_requests<kThreads>(p.batch, tile_start, [&](int b) {
-    return static_cast<long long>(p.num_kv_heads) * request_info<kBlockM, kBlockN>(p, b).m_tiles;
-  });
-  const long long units = scan_requests<kThreads>(p.batch, piece_start, [&](int b) {
+  // Two passes: the row tiles (and the units, summed), then the pieces, which depend on the units' total.
+  const long long units = scan_requests<kThreads>(p.batch, tile_start, [&](int b) {
     const RequestInfo r = request_info<kBlockM, kBlockN>(p, b);
-    return static_cast<long long>(p.num_kv_heads) * r.m_tiles * r.n_tiles;
-  });
-  scan_requests<kThreads>(p.batch, piece_start, [&](int b) {
+    const long long row_tiles = static_cast<long long>(p.num_kv_heads) * r.m_tiles;
+    return make_longlong2(row_tiles, row_tiles * r.n_tiles);
+  }).y;
+  const long long pieces = scan_requests<kThreads>(p.batch, piece_start, [&](int b) {
     const RequestInfo r = request_info<kBlockM, kBlockN>(p, b);
-    return static_cast<long long>(p.num_kv_heads) * r.m_tiles * splits_of(r, units, gridDim.x, p.min_units_per_cta);
-  });
-  return {piece_start, tile_start, units};
+    return make_longlong2(static_cast<long long>(p.num_kv_heads) * r.m_tiles *
+                              splits_of(r, units, gridDim.x, p.min_units_per_cta), 0);
+  }).x;
+  return {piece_start, tile_start, units, pieces};
 }
 
 // Last b with start[b] <= u (a request with work when u < start[B]).
