@@ -76,6 +76,8 @@
 //     schedule in two block scans instead of three        27 106 112  79 100 /  53 188 191  80 320
 //   tried: the merge's loads in registers, 16 in flight per thread (ptxas spilled 2 KB, in the tile loop too);
 //   a fresh pipeline per slice instead of one stream over the slices: the same time.
+//   The MLA Q tile lands 7-10 us into a segment (per-phase clocks; 72 KB while the copiers fetch two 72 KB
+//   tiles). tried: the odd copier group's first copies waiting for tile A: the same times.
 // What bounds it now (GQA, development script, us, G1 / G2 / G3 / G4 / G5):
 //   the whole kernel                                          33 / 105 / 111 /  84 /  99
 //   the gathers alone (math warps only wait and hand back)    29 /  89 / 105 /  80 /  75
