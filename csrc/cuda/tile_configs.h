@@ -65,7 +65,8 @@
 // development build) showed the kernels spending 5-7 us before the first tile (schedule, Q) and, at the end,
 // 12 us storing MLA M1's fp32 partials straight from the fragments, 22 us for one CTA to merge a row tile's
 // eight pieces (1 MB), 9 us storing M5's bf16 output. Development script, us (G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
-//   before (fragment stores; the last CTA merges)        34 107 114  86 101 /  76 216 211  97 331
+//   before (fragment stores; the last CTA merges; timed
+//     in the per-phase clock build, same loop)          34 107 114  86 101 /  76 216 211  97 331
 //   O staged in shared memory, 16-byte row stores; the
 //     partial published in 4 row slices with a counter
 //     each, whoever completes a slice merges it           30 106 113  81 103 /  55 194 204  90 320
