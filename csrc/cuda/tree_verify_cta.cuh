@@ -170,7 +170,7 @@ struct TreeVerifyCta {
   }
 
   // The math warps' side of a segment: a whole row tile is written out; a part leaves a partial in slot
-  // `piece`. The caller has synchronized the CTA since the previous segment.
+  // first_piece + split. The caller has synchronized the CTA since the previous segment.
   __device__ void run_segment(const Segment& sg) {
     const RequestInfo& r = sg.r;
     const int h = sg.h, kt0 = sg.kt0, kt1 = sg.kt1, pieces = sg.pieces;
@@ -366,7 +366,7 @@ struct TreeVerifyCta {
           s_ref(wg)[row0] = m_tile[0];
           s_ref(wg)[row0 + 8] = m_tile[1];
         }
-        store_p(s, p_of(wg), 0, {1.f, 1.f});
+        store_p(s, p_of(wg), 0);
         fence_proxy_async();  // the wgmma reads of both warpgroups see P through the async proxy
         mbarrier_arrive(p_ready + wg);
       };
@@ -745,7 +745,7 @@ struct TreeVerifyCta {
       }
     } else {
       // Share P: the PV phase needs every key of the row group, the S phase split them across warps.
-      store_p(s, sP, wn * C::kKeysPerWarp, {1.f, 1.f});
+      store_p(s, sP, wn * C::kKeysPerWarp);
       if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads P through the async proxy
       __syncthreads();
       if constexpr (!C::kVTile)
@@ -766,7 +766,7 @@ struct TreeVerifyCta {
 
   // This warp's P (s, its keys from column key0) times each row's `scale` into p_tile: BLOCK_M rows, swizzled
   // K-major like Q (the A operand of issue_pv_smem).
-  __device__ __forceinline__ void store_p(const float (&s)[NS][4], T* p_tile, int key0, const float (&scale)[2]) {
+  __device__ __forceinline__ void store_p(const float (&s)[NS][4], T* p_tile, int key0) {
 #pragma unroll
     for (int n = 0; n < NS; ++n)
 #pragma unroll
@@ -774,7 +774,7 @@ struct TreeVerifyCta {
         const int row = wm * 16 + (lane >> 2) + 8 * half;
         const int col = key0 + n * 8 + 2 * (lane & 3);
         *reinterpret_cast<uint32_t*>(p_tile + swizzle(row, col / 8, C::kBlockM) * 8 + col % 8) =
-            pack2<T>(s[n][2 * half] * scale[half], s[n][2 * half + 1] * scale[half]);
+            pack2<T>(s[n][2 * half], s[n][2 * half + 1]);
       }
   }
 
@@ -856,8 +856,9 @@ struct TreeVerifyCta {
   // A whole row tile: its rows of `out`.
   __device__ void store_output(const RequestInfo& r, int h, int m0, const float (&o)[NO][4],
                                const float (&l_run)[2]);
-  // A piece of a split row tile: its partial and log-sum-exps in slot sg.piece, published slice by slice; the
-  // slices whose count this CTA completes are merged into `out` (merge_slices; `own`: this CTA's piece).
+  // A piece of a split row tile: its partial and log-sum-exps in slot first_piece + split, published slice by
+  // slice; the slices whose count this CTA completes are merged into `out` (merge_slices; `own`: this CTA's
+  // piece, sg.split).
   static constexpr int kSlices = 4;
   __device__ void store_partial(const Segment& sg, int m0, const float (&o)[NO][4], const float (&m_run)[2],
                                 const float (&l_run)[2]);

@@ -40,7 +40,7 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
       const int kt0 = split * chunk, kt1 = max(kt0, min(r.n_tiles, kt0 + chunk));
       __syncthreads();  // the previous segment is done with shared memory
       segment(Segment{r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt),
-                      q - split, splits, q, tiles_before});
+                      q - split, splits, split, tiles_before});
       tiles_before += C::turn_tiles(kt1 - kt0);
     }
   };

@@ -39,13 +39,11 @@ __device__ __forceinline__ void unpack8(const uint4& chunk, float (&v)[8]) {
   }
 }
 
-// Staged O: row-major [BLOCK_M][Dv] of T at the start of the K/V buffers, 16-byte chunk c of row r at chunk
-// c ^ (r % 8) of the row: the fragment writes (eight rows per instruction) and the row reads are both free of
-// bank conflicts.
+// Staged O: [BLOCK_M][Dv] of T at the start of the K/V buffers in the tiles' swizzled layout (mma.cuh): the
+// fragment writes (eight rows per instruction) and the row reads are both free of bank conflicts.
 template <class C>
 __device__ __forceinline__ typename C::T* TreeVerifyCta<C>::staged_chunk(int row, int chunk) const {
-  static_assert(C::kDv / 8 % 8 == 0, "whole groups of eight chunks per row");
-  return sK + row * C::kDv + (chunk ^ (row & 7)) * 8;
+  return sK + swizzle(row, chunk, C::kBlockM) * 8;
 }
 
 template <class C>
@@ -87,18 +85,17 @@ __device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const
     for (int half = 0; half < 2; ++half) {
       const int row = wm * 16 + (lane >> 2) + 8 * half;
       const float l = l_run[half];
-      p.partial_lse[sg.piece * C::kBlockM + row] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
+      p.partial_lse[(sg.first_piece + sg.split) * C::kBlockM + row] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
     }
   stage_output(o, l_run);
 
   constexpr int kRows = C::kBlockM / kSlices, kChunks = C::kDv / 8;  // a slice; chunks per row
-  T* partial = static_cast<T*>(p.partial_out) + sg.piece * C::kBlockM * C::kDv;
+  T* partial = static_cast<T*>(p.partial_out) + (sg.first_piece + sg.split) * C::kBlockM * C::kDv;
   int* counters = p.row_tile_counters + static_cast<int64_t>(sg.row_tile) * kSlices;
-  const int own = static_cast<int>(sg.piece - sg.first_piece);
   uint32_t completed = 0;  // thread 0: the slices whose count this CTA completed
 #pragma unroll 1
   for (int j = 0; j < kSlices; ++j) {
-    const int slice = (own + j) % kSlices;
+    const int slice = (sg.split + j) % kSlices;
     for (int i = tid; i < kRows * kChunks; i += C::kMathThreads) {
       const int row = slice * kRows + i / kChunks, chunk = i % kChunks;
       __stcg(reinterpret_cast<uint4*>(partial + row * C::kDv) + chunk,
@@ -110,7 +107,7 @@ __device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const
   if (tid == 0) *sFlag = static_cast<int>(completed);
   math_sync();
   completed = static_cast<uint32_t>(*sFlag);
-  if (completed != 0) merge_slices(sg.r, sg.h, m0, completed, sg.first_piece, sg.pieces, own);
+  if (completed != 0) merge_slices(sg.r, sg.h, m0, completed, sg.first_piece, sg.pieces, sg.split);
 }
 
 template <class C>

@@ -69,15 +69,14 @@ __device__ longlong2 scan_requests(int batch, long long* out, F f) {
 }
 
 // One piece of the work split as a CTA runs it: row tile `row_tile` of the batch (KV head h, m tile mt of
-// request r) over KV tiles [kt0, kt1); piece `piece` of the `pieces` (from first_piece on) that cover the row
-// tile's keys. tiles_before counts the KV tiles of the CTA's earlier segments as run (turn_tiles: a
-// warp-specialized CTA's position in its ring of K/V buffers).
+// request r) over KV tiles [kt0, kt1); piece `split` of the `pieces` that cover the row tile's keys, whose
+// partials are in slots first_piece .. first_piece + pieces - 1. tiles_before counts the KV tiles of the CTA's
+// earlier segments as run (turn_tiles: a warp-specialized CTA's position in its ring of K/V buffers).
 struct Segment {
   RequestInfo r;
   int h, mt, kt0, kt1, row_tile;
   long long first_piece;
-  int pieces;
-  long long piece;
+  int pieces, split;
   int tiles_before;
 };
 
