@@ -11,6 +11,8 @@
 #   3. memcheck   compute-sanitizer --tool memcheck  on examples/sanitize_case.py
 #   4. racecheck  compute-sanitizer --tool racecheck on examples/sanitize_case.py
 #   5. bench      python -m kdtree_ops.bench -> bench.md, bench.json, bench.png
+#   6. gather_probe  examples/gather_probe.cu (Hopper): G2's and M2's K/V gathers alone, a floor for the
+#                 kernels' loads
 # and writes RESULTS_DIR/summary.md (device, torch, commit, stage results, test counts, sanitizer summary
 # lines, benchmark table). The whole run keeps within KDTREE_SUITE_BUDGET_S seconds (default 540): every
 # stage gets a time limit that leaves the later stages their minimum.
@@ -142,7 +144,15 @@ else
 fi
 
 # --- 5. benchmark ---------------------------------------------------------------------------------------
-stage bench 400 0 $py -m kdtree_ops.bench --out "$out/bench"
+stage bench 400 30 $py -m kdtree_ops.bench --out "$out/bench"
+
+# --- 6. gather probe ------------------------------------------------------------------------------------
+if [ "$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1)" = "9.0" ]; then
+  probe_dir=$(mktemp -d)
+  stage gather_probe 60 0 bash -c "nvcc -O3 -std=c++17 -arch=sm_90a examples/gather_probe.cu \
+    -o '$probe_dir/gather_probe' && '$probe_dir/gather_probe'"
+  rm -rf "$probe_dir"
+fi
 
 # --- summary --------------------------------------------------------------------------------------------
 $py - "$out" "$(( $(date +%s) - start ))" <<'EOF'
@@ -194,6 +204,9 @@ lines.append("")
 bench = out / "bench" / "bench.md"
 lines += ["## Benchmark (`python -m kdtree_ops.bench`)", ""]
 lines.append(bench.read_text() if bench.exists() else "no benchmark table (see bench.log)")
+probe = out / "gather_probe.log"
+if probe.exists():
+    lines += ["", "## Gather probe (`examples/gather_probe.cu`)", "", "```", probe.read_text().strip(), "```"]
 (out / "summary.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))
 EOF

@@ -86,10 +86,30 @@
 // So the gathers bound G2, G3 and G4. G3 reads 268 MB from DRAM at about 2.6 TB/s, near its floor. G2 reads
 // 134 MB from DRAM but moves 269 MB from L2 to the SMs (its two row tiles per KV head read each K/V tile), at
 // about 3 TB/s; G5's eight row tiles per head move 268 MB at 3.6 TB/s. Neither more stages in flight (above)
-// nor sorted slots (copies alone, G2: 88.4 against 88.9 us with random slots) raised it: the 16-byte cp.async
-// gather's L2-to-SM rate is the bound. Next: TMA copies of K/V rows (a tensor map over the cache, 128-byte
-// swizzle) or a cluster that multicasts each tile to the row tiles that share it. G1's per-call cost (launch,
-// schedule, pipeline fill, partial store and merge) is 28-29 us with no math at all.
+// nor sorted slots (copies alone, G2: 88.4 against 88.9 us with random slots) raised it.
+// But the L2-to-SM path is not the bound. examples/gather_probe.cu gathers G2's and M2's tiles in the kernel's
+// pattern (its pieces, 16-byte cp.async through slots, two groups of 64 threads, one tile in flight each) with
+// nothing else running: G2's in 45-48 us, M2's at 90-100 GB/s per SM from L2 (the suite runs it). The kernels'
+// own gathers run at about half that rate (development script, same build, us, G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
+//   the whole kernel                                     29 104 111  80 100 /  48 187 188  78 306
+//   the gathers alone (no GEMMs; the epilogue runs)      24  88  98  77  79 /  41 117 118  66 178
+//   the same, the gatherers' copies signalled by
+//     cp.async.mbarrier.arrive instead of waited for     25  88  97  77  78 /  43 117 118  65 177
+//   the same without the gatherers' proxy fence          24  89  98  77  80 /  43 117 117  66 176
+// So neither the wait nor the fence per tile costs the gathers their rate (the full kernel with the arrive-on-
+// copies signalling: the same times as kept). Where they lose it, against the probe, is not found yet.
+// (A trap for such variants: with the output stores removed ptxas drops the PV wgmma whose accumulators are
+// dead, so "no epilogue" variants time no PV GEMM.)
+// Tried, each slower:
+//   clusters of two CTAs on consecutive row tiles sharing every K/V tile through distributed shared memory
+//   (a bulk copy of what each gathered into the other's buffer, mbarrier complete-tx; correct on every check):
+//     one CTA gathers a whole tile and sends it             36 122 111  78 115 /  66 276 277 107 490
+//     each gathers half of every tile and sends that half   35 111 110  80 107 /  59 215 216  92 365
+//   (the same run without clusters: 27 104 111 79 99 / 54 191 194 83 321): a tile then waits for its gather
+//   and its copy to the peer, both at SM-ingress rates, before either CTA computes on it.
+//   TMA boxes of one (row, 128-byte chunk) each, the only TMA gather on sm_90 (its 128-byte swizzle follows the
+//   shared-memory address, so such boxes land in the kernel's layout): 8-14 GB/s per SM in the probe, a box
+//   every few hundred cycles per SM; the cp.async gather moves 5-10 times that.
 #pragma once
 
 #include "tree_verify_kernel.cuh"

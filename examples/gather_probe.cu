@@ -1,0 +1,211 @@
+// Gather probe: how fast the SMs gather the benchmark's K/V rows when nothing else runs. It copies the K/V
+// tiles of workloads G2 and M2 (DESIGN.md) in the tree-verify kernel's pattern: the pieces of its work split
+// (one per CTA), 16-byte cp.async copies of rows found through random slots into 128-byte-swizzled tiles,
+// eight threads per row, row pointers read a tile ahead, two groups of 64 threads with one tile in flight
+// each (G2: the K tiles and the V tiles; M2: the even and the odd 64-key tiles of the latent cache). The time
+// is a floor for the kernels' loads alone. For M2 it also times one TMA box per (row, 128-byte chunk), the
+// only way TMA (which has no gather on sm_90) can fill the same tiles.
+//
+//   nvcc -O3 -std=c++17 -arch=sm_90a examples/gather_probe.cu -o gather_probe && ./gather_probe
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#define CHECK(x)                                                                                   \
+  do {                                                                                             \
+    const cudaError_t e = (x);                                                                     \
+    if (e != cudaSuccess) {                                                                        \
+      std::printf("%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(e));                       \
+      std::exit(1);                                                                                \
+    }                                                                                              \
+  } while (0)
+
+constexpr int kGroupThreads = 64;  // a copier group, as in the kernel's gathering warpgroup
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// What one CTA gathers: `tiles` tiles of kTileRows keys for each group. Group g's tile t holds keys
+// key0 + (t * step + g * offset) * kTileRows + row of cache `base[g]`; key k is slot slots[k], whose row is at
+// base[g] + slot * slot_bytes + head * head_bytes. CTA i runs head i / heads_div and key0 = (i % pieces) * piece_keys.
+struct Pattern {
+  const char* base[2];
+  const int* slots;
+  long long slot_bytes, head_bytes;
+  int heads_div, pieces, piece_keys, tiles, step, offset;
+};
+
+template <int kRowBytes, int kTileRows>
+__global__ void __launch_bounds__(2 * kGroupThreads) gather_cp_async(const Pattern pat, int* sink) {
+  constexpr int kChunks = kRowBytes / 16, kRowsEach = kTileRows * 8 / kGroupThreads;
+  extern __shared__ __align__(1024) char smem_raw[];
+  char* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  const int g = threadIdx.x / kGroupThreads, c = threadIdx.x % kGroupThreads, q = c % 8;
+  const int head = blockIdx.x / pat.heads_div, key0 = (blockIdx.x % pat.pieces) * pat.piece_keys;
+  char* tile = smem + g * kTileRows * kRowBytes;
+  auto rows_of = [&](int t, const char* (&rows)[kRowsEach]) {
+    const int first = key0 + (t * pat.step + g * pat.offset) * kTileRows;
+#pragma unroll
+    for (int e = 0; e < kRowsEach; ++e)
+      rows[e] = pat.base[g] + pat.slots[first + c / 8 + e * (kGroupThreads / 8)] * pat.slot_bytes +
+                head * pat.head_bytes;
+  };
+  const char* next[kRowsEach];
+  rows_of(0, next);
+  for (int t = 0; t < pat.tiles; ++t) {
+#pragma unroll
+    for (int e = 0; e < kRowsEach; ++e) {
+      const int row = c / 8 + e * (kGroupThreads / 8);
+#pragma unroll
+      for (int chunk = q; chunk < kChunks; chunk += 8)  // 64-column blocks of [kTileRows][128 bytes]
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(
+                         tile + (chunk / 8) * kTileRows * 128 + row * 128 + ((chunk ^ row) & 7) * 16)),
+                     "l"(next[e] + chunk * 16));
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    if (t + 1 < pat.tiles) rows_of(t + 1, next);
+    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  }
+  if (threadIdx.x == 0 && tile[7] == 123) *sink = 1;  // keeps the copies observable
+}
+
+// The same tiles through TMA: thread c of a group issues the boxes of its rows, {64 elements, 1 row} each, and
+// the group's tile is counted on an mbarrier. The 128-byte swizzle of TMA follows the shared-memory address, so
+// a box at row r's address lands swizzled as the kernel's tiles are.
+template <int kRowBytes, int kTileRows>
+__global__ void __launch_bounds__(2 * kGroupThreads)
+    gather_tma(const Pattern pat, const __grid_constant__ CUtensorMap map, int* sink) {
+  constexpr int kChunks128 = kRowBytes / 128;
+  extern __shared__ __align__(1024) char smem_raw[];
+  char* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
+  const int g = threadIdx.x / kGroupThreads, c = threadIdx.x % kGroupThreads;
+  const int key0 = (blockIdx.x % pat.pieces) * pat.piece_keys;
+  char* tile = smem + g * kTileRows * kRowBytes;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + 2 * kTileRows * kRowBytes) + g;
+  if (c == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)));
+  __syncthreads();
+  for (int t = 0; t < pat.tiles; ++t) {
+    if (c == 0)
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+                   "r"(kTileRows * kRowBytes) : "memory");
+    const int first = key0 + (t * pat.step + g * pat.offset) * kTileRows;
+    for (int i = c; i < kTileRows * kChunks128; i += kGroupThreads) {
+      const int row = i / kChunks128, block = i % kChunks128;
+      asm volatile(
+          "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];\n"
+          ::"r"(smem_addr(tile + block * kTileRows * 128 + row * 128)), "l"(&map), "r"(block * 64),
+          "r"(pat.slots[first + row]), "r"(smem_addr(bar)) : "memory");
+    }
+    asm volatile(
+        "{\n.reg .pred done;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
+        "r"(t & 1)
+        : "memory");
+  }
+  if (threadIdx.x == 0 && tile[7] == 123) *sink = 1;
+}
+
+using EncodeTiled = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*, const cuuint64_t*,
+                                 const cuuint64_t*, const cuuint32_t*, const cuuint32_t*, CUtensorMapInterleave,
+                                 CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+
+// Best of 10 launches on `ctas` CTAs, each after writing a buffer larger than L2 (so K/V come from HBM, as in
+// the benchmark's rotated input sets). Prints the time and the rates.
+template <typename Launch>
+void report(const char* name, int ctas, double bytes, Launch launch) {
+  static char* flush = nullptr;
+  constexpr size_t kFlush = size_t(256) << 20;
+  if (flush == nullptr) CHECK(cudaMalloc(&flush, kFlush));
+  cudaEvent_t start, stop;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&stop));
+  float best = 1e30f;
+  for (int rep = 0; rep < 10; ++rep) {
+    CHECK(cudaMemsetAsync(flush, rep, kFlush));
+    CHECK(cudaEventRecord(start));
+    launch();
+    CHECK(cudaEventRecord(stop));
+    CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    CHECK(cudaEventElapsedTime(&ms, start, stop));
+    best = std::min(best, ms);
+  }
+  CHECK(cudaGetLastError());
+  std::printf("%-58s %7.1f us  %6.1f MB  %5.2f TB/s  %5.1f GB/s per SM\n", name, best * 1e3, bytes / 1e6,
+              bytes / best / 1e9, bytes / best / 1e6 / ctas);
+}
+
+int main() {
+  int* sink;
+  CHECK(cudaMalloc(&sink, sizeof(int)));
+  const int keys = 32768, pool = 2 * keys;  // slots drawn from a pool twice the need, as the benchmark does
+  std::vector<int> perm(pool);
+  for (int i = 0; i < pool; ++i) perm[i] = i;
+  std::shuffle(perm.begin(), perm.end(), std::mt19937(1));
+  int* slots;
+  CHECK(cudaMalloc(&slots, keys * sizeof(int)));
+  CHECK(cudaMemcpy(slots, perm.data(), keys * sizeof(int), cudaMemcpyHostToDevice));
+
+  // G2: 8 KV heads of 128 dims; 8 heads x 2 row tiles x 8 pieces = 128 CTAs, each 32 tiles of 128 keys of K
+  // (group 0) and of V (group 1).
+  {
+    char *k, *v;
+    const size_t bytes = size_t(pool) * 8 * 256;
+    CHECK(cudaMalloc(&k, bytes));
+    CHECK(cudaMalloc(&v, bytes));
+    CHECK(cudaMemset(k, 1, bytes));
+    CHECK(cudaMemset(v, 2, bytes));
+    const Pattern pat{{k, v}, slots, 8 * 256, 256, 16, 8, keys / 8, 32, 1, 0};
+    auto kernel = gather_cp_async<256, 128>;
+    const int smem = 2 * 128 * 256 + 1024;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    report("G2 K and V tiles, cp.async (the kernel's gather)", 128, 128.0 * 2 * 32 * 128 * 256,
+           [&] { kernel<<<128, 2 * kGroupThreads, smem>>>(pat, sink); });
+    CHECK(cudaFree(k));
+    CHECK(cudaFree(v));
+  }
+
+  // M2: one latent head of 576 dims; 16 row tiles x 8 pieces = 128 CTAs, each 64 tiles of 64 keys, the even
+  // ones by group 0 and the odd ones by group 1.
+  {
+    char* kv;
+    const size_t bytes = size_t(pool) * 1152;
+    CHECK(cudaMalloc(&kv, bytes));
+    CHECK(cudaMemset(kv, 3, bytes));
+    const Pattern pat{{kv, kv}, slots, 1152, 0, 1, 8, keys / 8, 32, 2, 1};
+    const double moved = 128.0 * 64 * 64 * 1152;
+    const int smem = 2 * 64 * 1152 + 1024 + 16;
+    auto cp_kernel = gather_cp_async<1152, 64>;
+    CHECK(cudaFuncSetAttribute(cp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    report("M2 latent tiles, cp.async (the kernel's gather)", 128, moved,
+           [&] { cp_kernel<<<128, 2 * kGroupThreads, smem>>>(pat, sink); });
+
+    EncodeTiled encode = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", reinterpret_cast<void**>(&encode), 12000,
+                                           cudaEnableDefault, &found));
+    CUtensorMap map;
+    const cuuint64_t dims[2] = {576, cuuint64_t(pool)}, strides[1] = {1152};
+    const cuuint32_t box[2] = {64, 1}, elem_strides[2] = {1, 1};
+    if (found != cudaDriverEntryPointSuccess ||
+        encode(&map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, kv, dims, strides, box, elem_strides,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS) {
+      std::printf("M2 TMA boxes: no tensor map\n");
+    } else {
+      auto tma_kernel = gather_tma<1152, 64>;
+      CHECK(cudaFuncSetAttribute(tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+      report("M2 latent tiles, a TMA box per (row, 128-byte chunk)", 128, moved,
+             [&] { tma_kernel<<<128, 2 * kGroupThreads, smem>>>(pat, map, sink); });
+    }
+    CHECK(cudaFree(kv));
+  }
+  return 0;
+}
