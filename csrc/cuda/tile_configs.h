@@ -79,37 +79,40 @@
 //   a fresh pipeline per slice instead of one stream over the slices: the same time.
 //   The MLA Q tile lands 7-10 us into a segment (per-phase clocks; 72 KB while the copiers fetch two 72 KB
 //   tiles). tried: the odd copier group's first copies waiting for tile A: the same times.
-// What bounds it now (GQA, development script, us, G1 / G2 / G3 / G4 / G5):
-//   the whole kernel                                          33 / 105 / 111 /  84 /  99
-//   the gathers alone (math warps only wait and hand back)    29 /  89 / 105 /  80 /  75
-//   the math alone (gatherers copy nothing)                   32 /  78 /  75 /  49 /  73
-// So the gathers bound G2, G3 and G4. G3 reads 268 MB from DRAM at about 2.6 TB/s, near its floor. G2 reads
-// 134 MB from DRAM but moves 269 MB from L2 to the SMs (its two row tiles per KV head read each K/V tile), at
-// about 3 TB/s; G5's eight row tiles per head move 268 MB at 3.6 TB/s. Neither more stages in flight (above)
-// nor sorted slots (copies alone, G2: 88.4 against 88.9 us with random slots) raised it.
-// But the L2-to-SM path is not the bound. examples/gather_probe.cu gathers G2's and M2's tiles in the kernel's
-// pattern (its pieces, 16-byte cp.async through slots, two groups of 64 threads, one tile in flight each) with
-// nothing else running: G2's in 45-48 us, M2's at 90-100 GB/s per SM from L2 (the suite runs it). The kernels'
-// own gathers run at about half that rate (development script, same build, us, G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
+// What bounds it now. The loads: G3 reads 268 MB from DRAM at about 2.6 TB/s, near its floor. G2 reads 134 MB
+// from DRAM but moves 269 MB from L2 to the SMs (its two row tiles per KV head read each K/V tile), G5's eight
+// row tiles per head 268 MB, MLA M2 604 MB (sixteen row tiles read each latent tile). Development script, same
+// build, us (G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
 //   the whole kernel                                     29 104 111  80 100 /  48 187 188  78 306
-//   the gathers alone (no GEMMs; the epilogue runs)      24  88  98  77  79 /  41 117 118  66 178
+//   the loads alone (no GEMMs; the epilogue runs)        24  88  98  77  79 /  41 117 118  66 178
 //   the same, the gatherers' copies signalled by
 //     cp.async.mbarrier.arrive instead of waited for     25  88  97  77  78 /  43 117 118  65 177
 //   the same without the gatherers' proxy fence          24  89  98  77  80 /  43 117 117  66 176
-// So neither the wait nor the fence per tile costs the gathers their rate (the full kernel with the arrive-on-
-// copies signalling: the same times as kept). Where they lose it, against the probe, is not found yet.
-// (A trap for such variants: with the output stores removed ptxas drops the PV wgmma whose accumulators are
+//   (earlier: the math alone, gatherers copying nothing: G 32 78 75 49 73, M2 174. Neither more stages in
+//   flight (above) nor sorted slots, G2's loads alone 88.4 against 88.9 us, changed the loads.)
+// The L2-to-SM path is not what bounds the loads: examples/gather_probe.cu (a GPU suite stage) gathers G2's
+// and M2's tiles in the kernel's pattern (its pieces, 16-byte cp.async through slots, two groups of 64 threads,
+// one tile in flight each) with nothing else running: G2's in 53.8 us (39 GB/s per SM), M2's in 42.8 us
+// (110 GB/s per SM, mostly from L2), against 88 and 117 us above. Neither the wait nor the fence per tile
+// costs the rate (rows 3 and 4; the full kernel with the arrive-on-copies signalling: the same times as kept).
+// What the probe lacks is the hand-off: there a group refills its buffer as soon as its copies land, in the
+// kernel only once the math warps have released it. The paired MLA kernel has one buffer per copier group
+// (Q 72 KiB + 2 x 72 KiB fill the shared memory), so a tile's copies start only after both warpgroups are done
+// with the previous tile in that buffer: copy and math times add up per buffer instead of overlapping. GQA's
+// V buffers go back a tile late (the PV GEMM of tile t runs in iteration t + 1). Next: buffers released by
+// parts (a K tile's column blocks as the GEMMs that read them finish), or a third, smaller stage.
+// (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:
 //   clusters of two CTAs on consecutive row tiles sharing every K/V tile through distributed shared memory
 //   (a bulk copy of what each gathered into the other's buffer, mbarrier complete-tx; correct on every check):
 //     one CTA gathers a whole tile and sends it             36 122 111  78 115 /  66 276 277 107 490
 //     each gathers half of every tile and sends that half   35 111 110  80 107 /  59 215 216  92 365
-//   (the same run without clusters: 27 104 111 79 99 / 54 191 194 83 321): a tile then waits for its gather
-//   and its copy to the peer, both at SM-ingress rates, before either CTA computes on it.
+//   (without clusters, the same day: 27 104 111 79 99 / 54 191 194 83 321). A tile waits for its gather and
+//   then for the copy to the peer before either CTA computes on it: more latency per buffer, the bound above.
 //   TMA boxes of one (row, 128-byte chunk) each, the only TMA gather on sm_90 (its 128-byte swizzle follows the
-//   shared-memory address, so such boxes land in the kernel's layout): 8-14 GB/s per SM in the probe, a box
-//   every few hundred cycles per SM; the cp.async gather moves 5-10 times that.
+//   shared-memory address, so such boxes land in the kernel's layout): 318 us for M2's tiles in the probe
+//   (14.8 GB/s per SM, a 128-byte box per 17 cycles per SM), seven times the cp.async gather's time.
 #pragma once
 
 #include "tree_verify_kernel.cuh"
