@@ -92,15 +92,30 @@
 //   flight (above) nor sorted slots, G2's loads alone 88.4 against 88.9 us, changed the loads.)
 // The L2-to-SM path is not what bounds the loads: examples/gather_probe.cu (a GPU suite stage) gathers G2's
 // and M2's tiles in the kernel's pattern (its pieces, 16-byte cp.async through slots, two groups of 64 threads,
-// one tile in flight each) with nothing else running: G2's in 53.8 us (39 GB/s per SM), M2's in 42.8 us
-// (110 GB/s per SM, mostly from L2), against 88 and 117 us above. Neither the wait nor the fence per tile
-// costs the rate (rows 3 and 4; the full kernel with the arrive-on-copies signalling: the same times as kept).
-// What the probe lacks is the hand-off: there a group refills its buffer as soon as its copies land, in the
-// kernel only once the math warps have released it. The paired MLA kernel has one buffer per copier group
-// (Q 72 KiB + 2 x 72 KiB fill the shared memory), so a tile's copies start only after both warpgroups are done
-// with the previous tile in that buffer: copy and math times add up per buffer instead of overlapping. GQA's
-// V buffers go back a tile late (the PV GEMM of tile t runs in iteration t + 1). Next: buffers released by
-// parts (a K tile's column blocks as the GEMMs that read them finish), or a third, smaller stage.
+// one tile in flight each) with nothing else running: G2's in 53.8 us (39 GB/s per SM, about the DRAM rate for
+// its 134 MB), M2's in 42.8 us (110 GB/s per SM, mostly from L2), against 88 and 117 us above. Neither the wait
+// nor the fence per tile costs the rate (rows 3 and 4; the full kernel with the arrive-on-copies signalling:
+// the same times as kept). Where the time goes, from per-CTA clocks of the first segment (a development build
+// with clock64 around each wait; us, median over CTAs, full kernel):
+//                        K / even-tile copier          V / odd-tile copier    math warps    tiles phase
+//                        waits for a   issues copies   waits for a            wait for
+//                        free buffer   (and the next   free buffer            landed tiles
+//                                      tile's slots)
+//   G2 (33 tiles)            3.5           73.6            26.6                  25.2           88.2
+//   G5 (33 tiles)            3.4           68.9            24.1                  20.1           83.0
+//   M2 (65 tiles)           89.4           68.3            97.1                  25.5          166.6
+//   M5 (129 tiles)         173.7          117.3           177.4                  35.5          302.1
+//   (the copiers' waits for their copies to land add up to 1-8 us per CTA; SM clock 1.70-1.76 GHz here.)
+// GQA: the K copier issues copies for 83 % of the tiles phase, about 15 GB/s, where a group of the probe moves
+// 20 GB/s; the V copier waits for its buffers (they go back a tile late: the PV GEMM of tile t runs in iteration
+// t + 1). So the loads bound G2 and G5, at three quarters of the probe's rate and behind the DRAM floor.
+// MLA: the math warps wait for tiles 15 % (M2) and 12 % (M5) of the time; the copiers wait for free buffers
+// half of it. So the math bounds MLA: the math warps are busy about 2.2 us per 64-key tile (M2) where its
+// 8.9 MFLOP take 1.6 us at the matmul rate the suite measures per SM (718 TFLOP/s / 132). (Its loads alone,
+// 117 us against the probe's 43, still run the hand-off: one 72 KB buffer per copier group, released when both
+// warpgroups are done with it.)
+// Next: GQA, a faster copier (more threads copying K, V buffers released right after their PV GEMM); MLA, the
+// math path of run_tiles_paired (both S GEMMs in flight while the other warpgroup's softmax runs).
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:
