@@ -764,8 +764,8 @@ struct TreeVerifyCta {
     }
   }
 
-  // This warp's P (s, its keys from column key0) times each row's `scale` into p_tile: BLOCK_M rows, swizzled
-  // K-major like Q (the A operand of issue_pv_smem).
+  // This warp's P (s, its keys from column key0) into p_tile: BLOCK_M rows, swizzled K-major like Q (the A
+  // operand of issue_pv_smem).
   __device__ __forceinline__ void store_p(const float (&s)[NS][4], T* p_tile, int key0) {
 #pragma unroll
     for (int n = 0; n < NS; ++n)

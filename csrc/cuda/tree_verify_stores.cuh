@@ -80,17 +80,18 @@ __device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int 
 template <class C>
 __device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const float (&o)[NO][4],
                                                 const float (&m_run)[2], const float (&l_run)[2]) {
+  const long long slot = sg.first_piece + sg.split;  // of this piece's partial and log-sum-exps
   if (wn == 0 && (lane & 3) == 0)
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int row = wm * 16 + (lane >> 2) + 8 * half;
       const float l = l_run[half];
-      p.partial_lse[(sg.first_piece + sg.split) * C::kBlockM + row] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
+      p.partial_lse[slot * C::kBlockM + row] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
     }
   stage_output(o, l_run);
 
   constexpr int kRows = C::kBlockM / kSlices, kChunks = C::kDv / 8;  // a slice; chunks per row
-  T* partial = static_cast<T*>(p.partial_out) + (sg.first_piece + sg.split) * C::kBlockM * C::kDv;
+  T* partial = static_cast<T*>(p.partial_out) + slot * C::kBlockM * C::kDv;
   int* counters = p.row_tile_counters + static_cast<int64_t>(sg.row_tile) * kSlices;
   uint32_t completed = 0;  // thread 0: the slices whose count this CTA completed
 #pragma unroll 1
