@@ -475,7 +475,6 @@ struct TreeVerifyCta {
   // Tile t of the CTA uses buffer t % STAGES; a buffer's barriers complete one phase per use.
   static __device__ __forceinline__ uint32_t phase_parity(int t) { return (t / C::kStages) & 1; }
 
-
   // Two math warpgroups take turns issuing their GEMMs (ping-pong): while one waits for its S GEMM and runs its
   // softmax, the tensor cores work on the other's GEMMs. Warpgroup w waits on barrier kTurnBarrier + w until
   // the other has passed it the turn; warpgroup 1 passes the first one, once per kernel (first_tensor_turn).
@@ -554,7 +553,9 @@ struct TreeVerifyCta {
     float m_new[2];
 #pragma unroll
     for (int half = 0; half < 2; ++half) m_new[half] = raised_reference(m_run[half], tile_max[half] * score_scale);
-    return exponentiate(score_scale, m_new, s, m_run, l_run, corrections);
+    float sums[2];
+    probabilities(score_scale, m_new, s, sums);
+    return move_reference(m_new, sums, m_run, l_run, corrections);
   }
 
   // Scores into the log2 domain and the tree mask. Returns the scale still to apply: a positive scale is
@@ -611,15 +612,6 @@ struct TreeVerifyCta {
   // probabilities up to 2^8 lose nothing in T or in the fp32 sums, and most tiles then rescale nothing.
   static __device__ __forceinline__ float raised_reference(float m_ref, float m_tile) {
     return m_tile > m_ref + 8.f ? m_tile : m_ref;
-  }
-
-  // s (as scale_and_mask left it) into probabilities against the reference maxima m_new, which replace m_run;
-  // the row sums follow, and `corrections` rescale what O accumulated. Returns whether any reference moved.
-  __device__ __forceinline__ bool exponentiate(float score_scale, const float (&m_new)[2], float (&s)[NS][4],
-                                               float (&m_run)[2], float (&l_run)[2], float (&corrections)[2]) {
-    float sums[2];
-    probabilities(score_scale, m_new, s, sums);
-    return move_reference(m_new, sums, m_run, l_run, corrections);
   }
 
   // The running reference maxima m_run move to m_new (>= m_run): the sums l_run follow and take `sums`
@@ -857,13 +849,11 @@ struct TreeVerifyCta {
   __device__ void store_output(const RequestInfo& r, int h, int m0, const float (&o)[NO][4],
                                const float (&l_run)[2]);
   // A piece of a split row tile: its partial and log-sum-exps in slot first_piece + split, published slice by
-  // slice; the slices whose count this CTA completes are merged into `out` (merge_slices; `own`: this CTA's
-  // piece, sg.split).
+  // slice; the slices whose count this CTA completes are merged into `out` (merge_slices).
   static constexpr int kSlices = 4;
   __device__ void store_partial(const Segment& sg, int m0, const float (&o)[NO][4], const float (&m_run)[2],
                                 const float (&l_run)[2]);
-  __device__ void merge_slices(const RequestInfo& r, int h, int m0, uint32_t slices, long long first_piece,
-                               int pieces, int own);
+  __device__ void merge_slices(const Segment& sg, int m0, uint32_t slices);
 };
 
 }  // namespace kdtree::cuda

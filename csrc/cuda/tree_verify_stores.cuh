@@ -108,12 +108,15 @@ __device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const
   if (tid == 0) *sFlag = static_cast<int>(completed);
   math_sync();
   completed = static_cast<uint32_t>(*sFlag);
-  if (completed != 0) merge_slices(sg.r, sg.h, m0, completed, sg.first_piece, sg.pieces, sg.split);
+  if (completed != 0) merge_slices(sg, m0, completed);
 }
 
 template <class C>
-__device__ void TreeVerifyCta<C>::merge_slices(const RequestInfo& r, int h, int m0, uint32_t slices,
-                                               long long first_piece, int pieces, int own) {
+__device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32_t slices) {
+  const RequestInfo& r = sg.r;
+  const int h = sg.h;
+  const long long first_piece = sg.first_piece;
+  const int pieces = sg.pieces, own = sg.split;
   constexpr int kRows = C::kBlockM / kSlices, kChunks = C::kDv / 8;
   constexpr int kPerThread = kRows * kChunks / C::kMathThreads;  // 16-byte output chunks per thread
   static_assert(kRows * kChunks % C::kMathThreads == 0, "threads tile a slice");
