@@ -17,6 +17,10 @@
 #include <random>
 #include <vector>
 
+#include "../csrc/cuda/mbarrier.cuh"  // the kernel's copy and barrier primitives
+
+using namespace kdtree::cuda;
+
 #define CHECK(x)                                                                                   \
   do {                                                                                             \
     const cudaError_t e = (x);                                                                     \
@@ -28,9 +32,6 @@
 
 constexpr int kGroupThreads = 64;  // a copier group, as in the kernel's gathering warpgroup
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // What one CTA gathers: `tiles` tiles of kTileRows keys for each group. Group g's tile t holds keys
 // key0 + (t * step + g * offset) * kTileRows + row of cache `base[g]`; key k is slot slots[k], whose row is at
@@ -65,13 +66,12 @@ __global__ void __launch_bounds__(2 * kGroupThreads) gather_cp_async(const Patte
       const int row = c / 8 + e * (kGroupThreads / 8);
 #pragma unroll
       for (int chunk = q; chunk < kChunks; chunk += 8)  // 64-column blocks of [kTileRows][128 bytes]
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(
-                         tile + (chunk / 8) * kTileRows * 128 + row * 128 + ((chunk ^ row) & 7) * 16)),
-                     "l"(next[e] + chunk * 16));
+        cp_async_16(tile + (chunk / 8) * kTileRows * 128 + row * 128 + ((chunk ^ row) & 7) * 16, next[e] + chunk * 16,
+                    true);
     }
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
+    cp_async_commit();
     if (t + 1 < pat.tiles) rows_of(t + 1, next);
-    asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+    cp_async_wait<0>();
   }
   if (threadIdx.x == 0 && tile[7] == 123) *sink = 1;  // keeps the copies observable
 }
@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(2 * kGroupThreads)
   const int key0 = (blockIdx.x % pat.pieces) * pat.piece_keys;
   char* tile = smem + g * kTileRows * kRowBytes;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem + 2 * kTileRows * kRowBytes) + g;
-  if (c == 0) asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(smem_addr(bar)));
+  if (c == 0) mbarrier_init(bar, 1);
   __syncthreads();
   for (int t = 0; t < pat.tiles; ++t) {
     if (c == 0)
@@ -103,11 +103,7 @@ __global__ void __launch_bounds__(2 * kGroupThreads)
           ::"r"(smem_addr(tile + block * kTileRows * 128 + row * 128)), "l"(&map), "r"(block * 64),
           "r"(pat.slots[first + row]), "r"(smem_addr(bar)) : "memory");
     }
-    asm volatile(
-        "{\n.reg .pred done;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-        "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
-        "r"(t & 1)
-        : "memory");
+    mbarrier_wait(bar, t & 1);
   }
   if (threadIdx.x == 0 && tile[7] == 123) *sink = 1;
 }
