@@ -114,8 +114,19 @@
 // 8.9 MFLOP take 1.6 us at the matmul rate the suite measures per SM (718 TFLOP/s / 132). (Its loads alone,
 // 117 us against the probe's 43, still run the hand-off: one 72 KB buffer per copier group, released when both
 // warpgroups are done with it.)
-// Next: GQA, a faster copier (more threads copying K, V buffers released right after their PV GEMM); MLA, the
-// math path of run_tiles_paired (both S GEMMs in flight while the other warpgroup's softmax runs).
+// The copier's issue rate (development script, same run, us, G1 G2 G3 G4 G5):
+//   each staged row pointer read right before its row's copies
+//     (the SASS waited on the shared-memory load 16 times a tile)   27 103 109  80  99
+//   pointers read in batches of four before their copies           28  92 106  80  86
+//   batches of eight (kept)                                        29  91 105  81  86
+//   all sixteen of a tile at once (registers)                      29  98 108  81  88
+//   setmaxnreg 48 for the gatherers does not fit: the launch gives 168 registers a thread, 64512 a CTA, exactly
+//   256 x 232 + 128 x 40, so the math warps' claim of 232 never returns (the kernel hangs).
+// MLA, tried: K tiles landing in 64-column blocks with a full barrier each (cp.async.mbarrier.arrive.noinc, the
+// S GEMM issued block by block as they land) and warpgroup 1 handing A back before its S of B. M1 M2 M3 M4 M5:
+// 47 184 186 76 306 before, 52 192 180 79 304 with it; not kept.
+// Next: GQA, V buffers released right after their PV GEMM; MLA, the math path of run_tiles_paired (both S GEMMs
+// in flight while the other warpgroup's softmax runs, as FlashMLA's schedule does).
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:
