@@ -159,10 +159,9 @@ template <typename T> using MlaConfig = TreeVerifyConfig<T, 576, 512, 64, 32, 2,
 
 // sm_90a (wgmma, one warpgroup per 64 rows). GQA/MHA: two warpgroups share each K/V tile (BLOCK_M 128), and
 // 128-key tiles give S = Q Kᵀ wgmma N = 128, whose shared-memory reads stay under the bandwidth the tensor
-// cores need; P stays in registers. With Dv <= 128 a third warpgroup gathers the K/V tiles into two K buffers
-// and three V buffers (a V buffer is read a tile later, by the PV GEMM that runs during the next tile's softmax;
-// Q 32 KiB + K 64 KiB + V 96 KiB for Dqk 128). Dqk 256 keeps BLOCK_N 64 so the 64 x 256 fp32 accumulators fit;
-// its math warps gather their own tiles.
+// cores need; P stays in registers. With Dv <= 128 a third warpgroup gathers the K/V tiles into two buffers
+// each (Q 32 KiB + K 64 KiB + V 64 KiB + the zero tile 32 KiB for Dqk 128). Dqk 256 keeps BLOCK_N 64 so the
+// 64 x 256 fp32 accumulators fit; its math warps gather their own tiles.
 template <typename T> using Hd64Wgmma = TreeVerifyConfig<T, 64, 64, 128, 128, 1, 2, true>;
 template <typename T> using Hd128Wgmma = TreeVerifyConfig<T, 128, 128, 128, 128, 1, 2, true>;
 template <typename T> using Hd256Wgmma = TreeVerifyConfig<T, 256, 256, 128, 64, 1, 2, true>;

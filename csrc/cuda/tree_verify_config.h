@@ -20,9 +20,6 @@ struct TreeVerifyConfig {
   // and a warpgroup of its own gathers the K/V tiles (run_tiles_overlapped, produce_tiles). Not for Dv = 256:
   // O's 128 fp32 registers per thread leave too few for two P tiles (ptxas spilled 316 bytes).
   static constexpr bool kOverlapPv = kWgmma && kWarpsN_ == 1 && kVTile && kDv_ <= 128;
-  // V buffers: with the PV GEMM a tile late (kOverlapPv) a V buffer is held a tile longer than a K buffer, so V
-  // has one more.
-  static constexpr int kVStages = kOverlapPv ? kStages + 1 : kStages;
   // wgmma, two warpgroups on the same rows (MLA): they take the KV tiles in turns, each computing S and the
   // softmax of its own tiles, and split O's columns; P goes to the other warpgroup through the tile's last
   // 64 columns (past Dv: the PV GEMMs do not read them), and a warpgroup of its own gathers the tiles
@@ -58,16 +55,15 @@ struct TreeVerifyConfig {
   static constexpr int kKBytes = kBlockN * kDqk * 2;
   static constexpr int kVBytes = kVTile ? kBlockN * kDv * 2 : 0;
   static constexpr int kPBytes = kWarpsN > 1 && !kPairedTiles ? kBlockM * ((kBlockN + 63) / 64 * 64) * 2 : 0;
+  // Zeros that the first PV GEMM of a segment multiplies (run_tiles_overlapped).
+  static constexpr int kZeroBytes = kOverlapPv ? kBlockN * kDv * 2 : 0;
   static constexpr int kRedBytes = kWarpsN * kBlockM * 4;
-  // One 64-column block of zeros (BLOCK_N rows), read as every block of the zero tile that the first PV GEMM of a
-  // segment multiplies (run_tiles_overlapped).
-  static constexpr int kZeroBytes = kOverlapPv ? kBlockN * 64 * 2 : 0;
   // Full and empty barriers of the K and V buffers (warp-specialized CTAs).
-  static constexpr int kBarrierBytes = kLoadThreads > 0 ? 2 * (kStages + kVStages) * 8 : 0;
-  // K (and V) row pointers, a slot per buffer; paired tiles: two slots for each copier group
-  static constexpr int kSrcBytes = (kStages + (kVTile || kPairedTiles ? kVStages : 0)) * kBlockN * 8;
-  static constexpr int kFixedSmem = kQBytes + kStages * kKBytes + kVStages * kVBytes + kZeroBytes + kPBytes +
-                                    kRedBytes + kBarrierBytes + kSrcBytes + 16;
+  static constexpr int kBarrierBytes = kLoadThreads > 0 ? 4 * kStages * 8 : 0;
+  // K (and V) row pointers; paired tiles: two slots for each copier group
+  static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile || kPairedTiles ? 2 : 1);
+  static constexpr int kFixedSmem =
+      kQBytes + kStages * (kKBytes + kVBytes) + kZeroBytes + kPBytes + kRedBytes + kBarrierBytes + kSrcBytes + 16;
   // Plus the slack that puts the tiles on a 1024-byte boundary (the swizzle pattern's period).
   static constexpr size_t kSmemBytes = kFixedSmem + 1024;
 };

@@ -77,31 +77,28 @@ struct TreeVerifyCta {
     sQ = reinterpret_cast<T*>(smem);
     sK = reinterpret_cast<T*>(smem + C::kQBytes);
     sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKBytes);
-    sZero = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKBytes + C::kVStages * C::kVBytes);
+    sZero = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
     sP = reinterpret_cast<T*>(reinterpret_cast<char*>(sZero) + C::kZeroBytes);
     sRed = reinterpret_cast<float*>(reinterpret_cast<char*>(sP) + C::kPBytes);
     full_k = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(sRed) + C::kRedBytes);
     full_v = full_k + C::kStages;
-    empty_k = full_v + C::kVStages;
+    empty_k = full_v + C::kStages;
     empty_v = empty_k + C::kStages;
     sKRow = reinterpret_cast<const T**>(smem + C::kFixedSmem - 16 - C::kSrcBytes);
     sVRow = sKRow + C::kStages * C::kBlockN;
     sFlag = reinterpret_cast<int*>(smem + C::kFixedSmem - 16);
   }
 
-  // Before the first segment, every thread: the barriers of a warp-specialized CTA, and its zero block.
+  // Before the first segment, every thread: the barriers of a warp-specialized CTA, and its zero tile.
   __device__ void init_pipeline() {
     if constexpr (C::kLoadThreads > 0) {
-      if (tid == 0) {
+      if (tid == 0)
         for (int s = 0; s < C::kStages; ++s) {
           mbarrier_init(full_k + s, C::kLoadThreads / 2);
-          mbarrier_init(empty_k + s, C::kMathThreads);
-        }
-        for (int s = 0; s < C::kVStages; ++s) {
           mbarrier_init(full_v + s, C::kPairedTiles ? C::kMathThreads / 2 : C::kLoadThreads / 2);
+          mbarrier_init(empty_k + s, C::kMathThreads);
           mbarrier_init(empty_v + s, C::kMathThreads);
         }
-      }
       for (int i = tid; i < C::kZeroBytes / 16; i += C::kThreads)
         reinterpret_cast<uint4*>(sZero)[i] = make_uint4(0, 0, 0, 0);
       fence_proxy_async();
@@ -261,17 +258,15 @@ struct TreeVerifyCta {
   // The KV tiles of a segment on the wgmma path with P in registers, on the math warps. S of tile kt and then
   // O += P V of tile kt - 1 are issued together; the softmax of tile kt runs on the CUDA cores while the
   // tensor cores still compute that PV GEMM, and O is rescaled after it. The gathering warpgroup fills the
-  // K and V buffers (produce_tiles): tile t of the CTA (t = tiles_before + kt - kt0) is in K buffer t % STAGES
-  // and V buffer t % V_STAGES, signalled on full_k / full_v and handed back on empty_k / empty_v once read (K
-  // right after its S GEMM, so its copies for a later tile start while the softmax runs; V a tile later, hence
-  // its extra buffer).
+  // K and V buffers (produce_tiles): tile t of the CTA (t = tiles_before + kt - kt0) is in buffer t % STAGES
+  // of each, signalled on full_k / full_v and handed back on empty_k / empty_v once read (K right after its S
+  // GEMM, so its copies for a later tile start while the softmax runs).
   __device__ void run_tiles_overlapped(const RequestInfo& r, int h, int m0, int kt0, int kt1, int tiles_before,
                                        float (&o)[NO][4], float (&m_run)[2], float (&l_run)[2],
                                        const uint32_t* const (&mask_row)[2]) {
     constexpr int kKTile = C::kBlockN * C::kDqk, kVTileElems = C::kBlockN * C::kDv;
-    // The first PV GEMM ("tile kt0 - 1") multiplies zero P by zeros (every 64-column block of its B operand is
-    // the one zero block): every iteration then issues the same GEMMs (a wgmma behind a branch makes ptxas
-    // serialize them all, and so did a separate copy of the first iteration).
+    // The first PV GEMM ("tile kt0 - 1") multiplies zero P by the zero tile: every iteration then issues the
+    // same GEMMs (a wgmma behind a branch makes ptxas serialize them all).
     uint32_t p_prev[C::kBlockN / 16][4];  // P of tile kt - 1 (A fragments): its PV GEMM reads them
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk) p_prev[kk][0] = p_prev[kk][1] = p_prev[kk][2] = p_prev[kk][3] = 0;
@@ -284,9 +279,9 @@ struct TreeVerifyCta {
       uint64_t vis[2][kVisWords];
       const bool masked = tile_masked(r, kt);
       const bool warp_sees = masked ? tile_visibility(r, kt, mask_row, vis) : true;
-      const int prev = (t + C::kVStages - 1) % C::kVStages;  // V buffer of tile t - 1
-      mbarrier_wait(full_k + buf, phase_parity<C::kStages>(t));
-      if (kt > kt0) mbarrier_wait(full_v + prev, phase_parity<C::kVStages>(t - 1));
+      const int prev = (t + C::kStages - 1) % C::kStages;  // buffer of tile t - 1
+      mbarrier_wait(full_k + buf, phase_parity(t));
+      if (kt > kt0) mbarrier_wait(full_v + prev, phase_parity(t - 1));
       float s[NS][4];
       take_tensor_turn();
       issue_qk(sK + buf * kKTile, s);
@@ -312,17 +307,17 @@ struct TreeVerifyCta {
       for (int kk = 0; kk < C::kBlockN / 16; ++kk)
 #pragma unroll
         for (int e = 0; e < 4; ++e) p_prev[kk][e] = p_cur[kk][e];
-      v_prev = sV + t % C::kVStages * kVTileElems;
+      v_prev = sV + buf * kVTileElems;
     }
     // PV of the last tile (of zeros by zeros in an empty segment).
     const int t_last = tiles_before + kt1 - 1 - kt0;
-    if (kt1 > kt0) mbarrier_wait(full_v + t_last % C::kVStages, phase_parity<C::kVStages>(t_last));
+    if (kt1 > kt0) mbarrier_wait(full_v + t_last % C::kStages, phase_parity(t_last));
     take_tensor_turn();
     issue_pv_regs(p_prev, v_prev, o);
     pass_tensor_turn();
     wgmma_wait<0>();
     fence_registers<NO * 4>(&o[0][0]);
-    if (kt1 > kt0) mbarrier_arrive(empty_v + t_last % C::kVStages);
+    if (kt1 > kt0) mbarrier_arrive(empty_v + t_last % C::kStages);
   }
 
   // The KV tiles of a segment with paired tiles (MLA on the wgmma path). Both math warpgroups hold the same 64
@@ -347,7 +342,7 @@ struct TreeVerifyCta {
     uint64_t* const p_ready = full_v;
     const int n = C::turn_tiles(kt1 - kt0);
     for (int i = 0; i < n; i += 2) {
-      const uint32_t parity = phase_parity<C::kStages>(__shfl_sync(0xffffffffu, tiles_before + i, 0));  // both tiles
+      const uint32_t parity = phase_parity(__shfl_sync(0xffffffffu, tiles_before + i, 0));  // of both tiles
       const int kt = kt0 + i + wg;  // this warpgroup's tile: buffer wg
       uint64_t vis[2][kVisWords];
       const bool masked = kt >= kt1 || tile_masked(r, kt);
@@ -432,7 +427,6 @@ struct TreeVerifyCta {
   __device__ __forceinline__ void produce_side(const Segment& sg, int copier) {
     constexpr bool kV = kSide == 1 && !C::kPairedTiles;  // this group copies V rows
     constexpr int kStep = C::kTileStep;                    // this group's tiles are kStep apart
-    constexpr int kRing = kV ? C::kVStages : C::kStages;   // this group's buffers
     constexpr int kCopiers = C::kLoadThreads / 2, kRowsEach = C::kBlockN / kCopiers;
     static_assert(C::kBlockN % kCopiers == 0, "copiers tile the keys");
     constexpr int kTileElems = C::kBlockN * (kV ? C::kDv : C::kDqk);
@@ -456,14 +450,14 @@ struct TreeVerifyCta {
     const T* next[kRowsEach];
     rows_of(first, next);
     for (int kt = first; kt < end; kt += kStep) {
-      const int t = sg.tiles_before + kt - kt0, buf = t % kRing;
-      // A slot of row pointers per buffer (paired tiles: two per group, taken in turns): a slot was last read at
-      // least two tiles of the group ago, before the barrier below.
-      const T** const rows = slots + (C::kPairedTiles ? kSide * 2 + phase_parity<kRing>(t) : buf) * C::kBlockN;
+      const int t = sg.tiles_before + kt - kt0, buf = t % C::kStages;
+      // Two slots of row pointers per group, taken in turns: a slot was last read two tiles of the group ago,
+      // before the barrier below.
+      const T** const rows = slots + (C::kPairedTiles ? kSide * 2 + phase_parity(t) : buf) * C::kBlockN;
 #pragma unroll
       for (int e = 0; e < kRowsEach; ++e) rows[copier + e * kCopiers] = next[e];
       named_barrier_sync<kCopiers>(kLoadBarrier + kSide);  // the staged rows are visible to every copier
-      mbarrier_wait(empty + buf, phase_parity<kRing>(t) ^ 1);  // a fresh barrier's "previous phase" counts as done
+      mbarrier_wait(empty + buf, phase_parity(t) ^ 1);     // a fresh barrier's "previous phase" counts as done
       load_rows<kV ? C::kChunksV : C::kChunksQK, kCopiers>(rows, tiles + buf * kTileElems, copier);
       cp_async_commit();
       rows_of(kt + kStep, next);
@@ -478,10 +472,8 @@ struct TreeVerifyCta {
     mbarrier_arrive(full);
   }
 
-  // Tile t of the CTA uses buffer t % kRing of a ring of kRing buffers; a buffer's barriers complete one phase
-  // per use.
-  template <int kRing>
-  static __device__ __forceinline__ uint32_t phase_parity(int t) { return (t / kRing) & 1; }
+  // Tile t of the CTA uses buffer t % STAGES; a buffer's barriers complete one phase per use.
+  static __device__ __forceinline__ uint32_t phase_parity(int t) { return (t / C::kStages) & 1; }
 
   // Two math warpgroups take turns issuing their GEMMs (ping-pong): while one waits for its S GEMM and runs its
   // softmax, the tensor cores work on the other's GEMMs. Warpgroup w waits on barrier kTurnBarrier + w until
@@ -801,11 +793,9 @@ struct TreeVerifyCta {
   }
 
   // V as the N-major B operand: this warpgroup's Dv columns (64-column blocks C::kBlockN rows apart), 16 keys
-  // (2 groups of 8 rows) per k-slice. The zero block (sZero) stands for a whole tile of zeros: all its 64-column
-  // blocks are that one block.
+  // (2 groups of 8 rows) per k-slice.
   __device__ __forceinline__ uint64_t v_desc(const T* v_tile) const {
-    return smem_desc(v_tile + (wg_n * C::kDvPerWarp / 64) * C::kBlockN * 64, v_tile == sZero ? 0 : C::kBlockN * 128,
-                     kGroupBytes);
+    return smem_desc(v_tile + (wg_n * C::kDvPerWarp / 64) * C::kBlockN * 64, C::kBlockN * 128, kGroupBytes);
   }
   static constexpr uint64_t v_step(int kk) { return (kk * 2 * kGroupBytes) >> 4; }
 

@@ -127,8 +127,7 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
   // parts at a time go to the Q buffer.
   constexpr int kPartElems = kRows * C::kDv, kRing = 4;
   constexpr int kLseCap = C::kQBytes / 4 / kRows;
-  static_assert((C::kBlockM * C::kDv + kRing * kPartElems) * sizeof(T) <=
-                    C::kStages * C::kKBytes + C::kVStages * C::kVBytes,
+  static_assert((C::kBlockM * C::kDv + kRing * kPartElems) * sizeof(T) <= C::kStages * (C::kKBytes + C::kVBytes),
                 "the staged tile and the ring fit in the K/V buffers");
   T* ring = sK + C::kBlockM * C::kDv;
   float* lse = reinterpret_cast<float*>(sQ);
