@@ -122,11 +122,15 @@
 //   all sixteen of a tile at once (registers)                      29  98 108  81  88
 //   setmaxnreg 48 for the gatherers does not fit: the launch gives 168 registers a thread, 64512 a CTA, exactly
 //   256 x 232 + 128 x 40, so the math warps' claim of 232 never returns (the kernel hangs).
+//   tried after: a third V buffer (a V buffer is held a tile longer than a K buffer; the zero tile shrunk to one
+//   64-column block read as every block, descriptor block stride 0, to make room). GPU suite, G1-G5:
+//   31.7 / 90.7 / 104.5 / 82.0 / 86.4 us against 30.0 / 91.5 / 103.8 / 81.1 / 87.2 without; not kept.
 // MLA, tried: K tiles landing in 64-column blocks with a full barrier each (cp.async.mbarrier.arrive.noinc, the
 // S GEMM issued block by block as they land) and warpgroup 1 handing A back before its S of B. M1 M2 M3 M4 M5:
 // 47 184 186 76 306 before, 52 192 180 79 304 with it; not kept.
-// Next: GQA, V buffers released right after their PV GEMM; MLA, the math path of run_tiles_paired (both S GEMMs
-// in flight while the other warpgroup's softmax runs, as FlashMLA's schedule does).
+// Next: GQA, the copies of G2 take 91.5 us in the kernel against the probe's 54.8 (per-CTA clocks of the new
+// copier first: what the gatherers wait for now); MLA, the math path of run_tiles_paired (both S GEMMs in flight
+// while the other warpgroup's softmax runs, as FlashMLA's schedule does).
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:
