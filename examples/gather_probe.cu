@@ -17,7 +17,7 @@
 #include <random>
 #include <vector>
 
-#include "../csrc/cuda/mbarrier.cuh"  // the kernel's copy and barrier primitives
+#include "../csrc/cuda/mbarrier.cuh"  // the kernel's copy, swizzle and barrier primitives
 
 using namespace kdtree::cuda;
 
@@ -31,7 +31,6 @@ using namespace kdtree::cuda;
   } while (0)
 
 constexpr int kGroupThreads = 64;  // a copier group, as in the kernel's gathering warpgroup
-
 
 // What one CTA gathers: `tiles` tiles of kTileRows keys for each group. Group g's tile t holds keys
 // key0 + (t * step + g * offset) * kTileRows + row of cache `base[g]`; key k is slot slots[k], whose row is at
@@ -65,9 +64,8 @@ __global__ void __launch_bounds__(2 * kGroupThreads) gather_cp_async(const Patte
     for (int e = 0; e < kRowsEach; ++e) {
       const int row = c / 8 + e * (kGroupThreads / 8);
 #pragma unroll
-      for (int chunk = q; chunk < kChunks; chunk += 8)  // 64-column blocks of [kTileRows][128 bytes]
-        cp_async_16(tile + (chunk / 8) * kTileRows * 128 + row * 128 + ((chunk ^ row) & 7) * 16, next[e] + chunk * 16,
-                    true);
+      for (int chunk = q; chunk < kChunks; chunk += 8)  // swizzled 64-column blocks, as the kernel's tiles
+        cp_async_16(tile + swizzle(row, chunk, kTileRows) * 16, next[e] + chunk * 16, true);
     }
     cp_async_commit();
     if (t + 1 < pat.tiles) rows_of(t + 1, next);
