@@ -128,9 +128,27 @@
 // MLA, tried: K tiles landing in 64-column blocks with a full barrier each (cp.async.mbarrier.arrive.noinc, the
 // S GEMM issued block by block as they land) and warpgroup 1 handing A back before its S of B. M1 M2 M3 M4 M5:
 // 47 184 186 76 306 before, 52 192 180 79 304 with it; not kept.
-// Next: GQA, the copies of G2 take 91.5 us in the kernel against the probe's 54.8 (per-CTA clocks of the new
-// copier first: what the gatherers wait for now); MLA, the math path of run_tiles_paired (both S GEMMs in flight
-// while the other warpgroup's softmax runs, as FlashMLA's schedule does).
+// MLA, one stream of copies (produce_stream): all 128 gatherers copy each tile, in the order the buffers come
+// back, and arrive on its full barrier when their copies land (cp.async.mbarrier.arrive.noinc; the math warps
+// fence after the wait), where two groups of 64 each filled one buffer and waited for their copies. A buffer
+// fills in about half the time. Development script, same run (us, M1 M2 M3 M4 M5 / G1 G2 G3 G4 G5):
+//   two groups of 64                                       50 183 189  77 306 / 30  90 105  80  86
+//   one stream of 128, GQA too (K then V of each tile)     46 160 159  69 266 / 29  99 105  81  95
+//   kept: the stream for MLA, GQA's two groups (next run)  44 161 161  70 265 / 30  91 105  79  87
+//   M2's math alone (the gatherers copy nothing): 151, so the copies now cost about 10 us of M2's 161.
+// MLA, tried: FlashMLA's seesaw schedule in run_tiles_paired (warpgroup 0's softmax of A runs during S of B;
+// warpgroup 1's softmax of B against A's maxima during warpgroup 0's P V of A from registers; P_A moved to B's
+// maxima before it is shared, so warpgroup 1 issues both of its PV GEMMs with no rescale between; each S issued
+// at the end of the previous pair). Its math alone is faster (M2 151 -> 143, M3 149 -> 138, M5 259 -> 231 us),
+// but it keeps each buffer busy until late in the pair, so the copies bound it (M1 M2 M3 M4 M5, same runs):
+//   halves of each buffer handed back and refilled apart (V of warpgroup 0 / the rest), two groups of 64:
+//                                                          61 203 201  89 330  (against 52 184 189  78 304)
+//   the same, one stream of 128 over the halves             54 197 207  88 332
+//   whole buffers, one stream of 128                        51 211 215  89 338  (against 44 161 161  70 265)
+// Next: GQA, the copies of G2 take 91.5 us in the kernel against the probe's 54.8 (per-CTA clocks of the
+// copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
+// which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
+// shared memory per tile (Q's 72 KB is read by every S GEMM).
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:

@@ -60,8 +60,8 @@ struct TreeVerifyConfig {
   static constexpr int kRedBytes = kWarpsN * kBlockM * 4;
   // Full and empty barriers of the K and V buffers (warp-specialized CTAs).
   static constexpr int kBarrierBytes = kLoadThreads > 0 ? 4 * kStages * 8 : 0;
-  // K (and V) row pointers; paired tiles: two slots for each copier group
-  static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile || kPairedTiles ? 2 : 1);
+  // K (and V) row pointers, a slot per buffer
+  static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile ? 2 : 1);
   static constexpr int kFixedSmem =
       kQBytes + kStages * (kKBytes + kVBytes) + kZeroBytes + kPBytes + kRedBytes + kBarrierBytes + kSrcBytes + 16;
   // Plus the slack that puts the tiles on a 1024-byte boundary (the swizzle pattern's period).
