@@ -145,6 +145,9 @@
 //                                                          61 203 201  89 330  (against 52 184 189  78 304)
 //   the same, one stream of 128 over the halves             54 197 207  88 332
 //   whole buffers, one stream of 128                        51 211 215  89 338  (against 44 161 161  70 265)
+// MLA, tried after: each warpgroup multiplies its own tile's P from registers (wgmma with A in registers, issued
+// right after the probabilities; P stored for the other warpgroup while the tensor cores work): M1-M5 49 180 174
+// 74 292 against 48 160 161 70 266 us in the same runs; ptxas spilled about 20 registers around that issue.
 // Next: GQA, the copies of G2 take 91.5 us in the kernel against the probe's 54.8 (per-CTA clocks of the
 // copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
 // which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
