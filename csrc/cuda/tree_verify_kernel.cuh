@@ -37,7 +37,7 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
       const long long local = q - sched.piece_start[b];
       const int rt = static_cast<int>(local / splits);  // row tile within the request: (head, m tile)
       const int split = static_cast<int>(local % splits);
-      const int kt0 = split * chunk, kt1 = max(kt0, min(r.n_tiles, kt0 + chunk));
+      const int kt0 = split * chunk, kt1 = min(r.n_tiles, kt0 + chunk);  // kt0 < n_tiles unless n_tiles = 0
       __syncthreads();  // the previous segment is done with shared memory
       segment(Segment{r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt),
                       q - split, splits, split, tiles_before});

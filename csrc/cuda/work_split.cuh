@@ -89,11 +89,15 @@ struct Schedule {
 
 // Pieces per row tile of a request: its share of the grid, floor(n_tiles * grid / units), so that the pieces
 // of all row tiles number at most about one per CTA; at least 1, and none shorter than min_units_per_cta
-// KV tiles (a split costs a partial write and a merge).
+// KV tiles (a split costs a partial write and a merge). Piece k takes the KV tiles [k * chunk, (k + 1) * chunk)
+// with chunk = ceil(n_tiles / pieces); the count is cut to the pieces that then hold tiles (33 tiles in 8
+// pieces of 5 leave the eighth empty), which keeps chunk the same.
 __device__ __forceinline__ int splits_of(const RequestInfo& r, long long units, int grid, int min_units) {
   const long long share = units > 0 ? static_cast<long long>(r.n_tiles) * grid / units : 1;
   const int most = max(1, r.n_tiles / max(min_units, 1));
-  return static_cast<int>(min(max(share, 1ll), static_cast<long long>(most)));
+  const int wanted = static_cast<int>(min(max(share, 1ll), static_cast<long long>(most)));
+  const int chunk = (r.n_tiles + wanted - 1) / wanted;
+  return chunk > 0 ? (r.n_tiles + chunk - 1) / chunk : 1;
 }
 
 template <int kThreads, int kBlockM, int kBlockN>
