@@ -130,8 +130,8 @@
 // 47 184 186 76 306 before, 52 192 180 79 304 with it; not kept.
 // MLA, one stream of copies (produce_stream): all 128 gatherers copy each tile, in the order the buffers come
 // back, and arrive on its full barrier when their copies land (cp.async.mbarrier.arrive.noinc; the math warps
-// fence after the wait), where two groups of 64 each filled one buffer and waited for their copies. A buffer
-// fills in about half the time. Development script, same run (us, M1 M2 M3 M4 M5 / G1 G2 G3 G4 G5):
+// fence after the wait), where two groups of 64 each filled one buffer and waited for their copies.
+// Development script, same run (us, M1 M2 M3 M4 M5 / G1 G2 G3 G4 G5):
 //   two groups of 64                                       50 183 189  77 306 / 30  90 105  80  86
 //   one stream of 128, GQA too (K then V of each tile)     46 160 159  69 266 / 29  99 105  81  95
 //   kept: the stream for MLA, GQA's two groups (next run)  44 161 161  70 265 / 30  91 105  79  87

@@ -473,8 +473,8 @@ struct TreeVerifyCta {
 
   // Paired tiles: one stream of copies, the buffers in the order they come back, each tile by all kLoadThreads
   // gatherers into buffer t % 2 (zeros past kt1) and announced on full_k once the copies land (the gatherers never
-  // wait for them; the math warps fence, wait_landed). Two groups of 64, one per buffer, took twice as long to fill
-  // a buffer: M2 183 -> 160 us, M5 306 -> 265.
+  // wait for them; the math warps fence, wait_landed). Against two groups of 64, one per buffer, each waiting for
+  // its own copies: M2 183 -> 160 us, M5 306 -> 265 (development script).
   __device__ __forceinline__ void produce_stream(const Segment& sg, int copier) {
     constexpr int kCopiers = C::kLoadThreads;
     static_assert(C::kBlockN <= kCopiers, "a gatherer finds each key's row");
@@ -490,8 +490,8 @@ struct TreeVerifyCta {
       const int t = sg.tiles_before + kt - kt0, buf = t % C::kStages;
       // A slot of row pointers per buffer: tile t - STAGES's copies were issued before the previous barrier.
       if (copier < C::kBlockN) sKRow[buf * C::kBlockN + copier] = next;
-      named_barrier_sync<kCopiers>(kLoadBarrier);  // the staged rows are visible to every gatherer
-      mbarrier_wait(empty_k + buf, phase_parity(t) ^ 1);
+      named_barrier_sync<kCopiers>(kLoadBarrier);          // the staged rows are visible to every gatherer
+      mbarrier_wait(empty_k + buf, phase_parity(t) ^ 1);  // a fresh barrier's "previous phase" counts as done
       load_rows<C::kChunksQK, kCopiers>(sKRow + buf * C::kBlockN, sK + buf * (C::kBlockN * C::kDqk), copier);
       mbarrier_arrive_on_copies(full_k + buf);
       next = row_of(kt + 1);
