@@ -2,7 +2,8 @@
 // tiles of workloads G2 and M2 (DESIGN.md) in the tree-verify kernel's pattern: the pieces of its work split
 // (one per CTA), 16-byte cp.async copies of rows found through random slots into 128-byte-swizzled tiles,
 // eight threads per row, row pointers read a tile ahead, two groups of 64 threads with one tile in flight
-// each (G2: the K tiles and the V tiles; M2: the even and the odd 64-key tiles of the latent cache). The time
+// each (G2: the K tiles and the V tiles, as the GQA kernel; M2: the even and the odd 64-key tiles of the latent
+// cache, as the MLA kernel gathered them before its 128 gatherers became one stream, produce_stream). The time
 // is a floor for the kernels' loads alone. For M2 it also times one TMA box per (row, 128-byte chunk), the
 // only way TMA (which has no gather on sm_90) can fill the same tiles.
 //
@@ -178,7 +179,7 @@ int main() {
     const int smem = 2 * 64 * 1152 + 1024 + 16;
     auto cp_kernel = gather_cp_async<1152, 64>;
     CHECK(cudaFuncSetAttribute(cp_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    report("M2 latent tiles, cp.async (the kernel's gather)", 128, moved,
+    report("M2 latent tiles, cp.async (two groups of 64)", 128, moved,
            [&] { cp_kernel<<<128, 2 * kGroupThreads, smem>>>(pat, sink); });
 
     EncodeTiled encode = nullptr;
