@@ -13,9 +13,9 @@ namespace kdtree::cuda {
 // borrows the K/V buffers).
 template <class C>
 __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
-  zero_padding_rows<typename C::T>(p, C::kDv);
   long long* piece_start = p.schedule + static_cast<int64_t>(blockIdx.x) * 2 * (p.batch + 1);  // this CTA's
   const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(p, piece_start, piece_start + p.batch + 1);
+  zero_padding_rows<typename C::T>(p, C::kDv);  // after the schedule: qo_indptr is then in cache
 
   const long long pieces_total = sched.pieces;
   const long long per_cta = (pieces_total + gridDim.x - 1) / gridDim.x;

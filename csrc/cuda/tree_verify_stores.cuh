@@ -118,8 +118,12 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
   const long long first_piece = sg.first_piece;
   const int pieces = sg.pieces, own = sg.split;
   constexpr int kRows = C::kBlockM / kSlices, kChunks = C::kDv / 8;
-  constexpr int kPerThread = kRows * kChunks / C::kMathThreads;  // 16-byte output chunks per thread
-  static_assert(kRows * kChunks % C::kMathThreads == 0, "threads tile a slice");
+  // Each thread adds kPerThread 16-byte chunks of one row of the slice (`row`), so one weight per part serves
+  // them all; consecutive threads take consecutive chunks, so each warp instruction reads whole lines.
+  constexpr int kPerThread = kRows * kChunks / C::kMathThreads, kThreadsPerRow = kChunks / kPerThread;
+  static_assert(kRows * kChunks % C::kMathThreads == 0 && kChunks % kPerThread == 0, "threads tile a slice's rows");
+  const int row = tid / kThreadsPerRow;
+  auto item = [&](int i) { return row * kChunks + tid % kThreadsPerRow + i * kThreadsPerRow; };  // in the slice
   // Part j is piece j % pieces of the (j / pieces)-th slice to merge. This CTA's own piece is still staged;
   // the others' stream through a ring behind the staged tile, kRing - 1 parts ahead and across slices: each
   // thread copies the chunks it adds (cp.async), so it waits only for its own copies and holds no loads in
@@ -142,10 +146,8 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
       const T* src = static_cast<const T*>(p.partial_out) + (first_piece + j % pieces) * C::kBlockM * C::kDv +
                      slice_of(j) * kPartElems;
 #pragma unroll
-      for (int i = 0; i < kPerThread; ++i) {
-        const int item = tid + i * C::kMathThreads;
-        cp_async_16(ring + (j % kRing) * kPartElems + item * 8, src + item * 8, true);
-      }
+      for (int i = 0; i < kPerThread; ++i)
+        cp_async_16(ring + (j % kRing) * kPartElems + item(i) * 8, src + item(i) * 8, true);
     }
     cp_async_commit();
   };
@@ -167,42 +169,38 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
 #pragma unroll 1
   for (uint32_t rest = slices; rest != 0; rest &= rest - 1) {
     const int row0 = (__ffs(rest) - 1) * kRows;
-    // Per output chunk of the slice: its pieces so far, summed at the reference m (online, like the softmax).
-    float acc[kPerThread][8], m[kPerThread], weight_sum[kPerThread];
+    // The row's pieces so far, summed at the reference m (online, like the softmax).
+    float acc[kPerThread][8], m = -INFINITY, weight_sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      m[i] = -INFINITY, weight_sum[i] = 0.f;
+    for (int i = 0; i < kPerThread; ++i)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
-    }
     for (int k = 0; k < pieces; ++k, ++j) {
       if (j > 0 && j % kLseCap == 0) load_lse(j);
       copy_part(j + kRing - 1);
       cp_async_wait<kRing - 1>();  // this thread's copies of part j landed
+      const float x = lse[(j % kLseCap) * kRows + row];
+      const float m_new = fmaxf(m, x), ref = usable(m_new);  // -inf: nothing visible so far, weights 0
+      const float keep = fast_exp2(m - ref), w = fast_exp2(x - ref);
+      weight_sum = weight_sum * keep + w;
+      m = m_new;
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i) {  // branch-free: the merge is bound by instruction latency
-        const int item = tid + i * C::kMathThreads;
-        const float x = lse[(j % kLseCap) * kRows + item / kChunks];
-        const float m_new = fmaxf(m[i], x), ref = usable(m_new);  // -inf: nothing visible so far, weights 0
-        const float keep = fast_exp2(m[i] - ref), w = fast_exp2(x - ref);
-        const T* chunk = k == own ? staged_chunk(row0 + item / kChunks, item % kChunks)
-                                  : ring + (j % kRing) * kPartElems + item * 8;
+        const T* chunk = k == own ? staged_chunk(row0 + row, item(i) % kChunks)
+                                  : ring + (j % kRing) * kPartElems + item(i) * 8;
         float v[8];
         unpack8<T>(*reinterpret_cast<const uint4*>(chunk), v);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[i][e] = acc[i][e] * keep + w * v[e];
-        weight_sum[i] = weight_sum[i] * keep + w;
-        m[i] = m_new;
       }
     }
+    if (m0 + row0 + row < r.tree_len * p.group) {  // else a padding row of the tile
+      const float inv = weight_sum > 0.f ? 1.f / weight_sum : 0.f;  // nothing visible: zeros
 #pragma unroll
-    for (int i = 0; i < kPerThread; ++i) {
-      const int item = tid + i * C::kMathThreads, row = row0 + item / kChunks;
-      if (m0 + row >= r.tree_len * p.group) continue;
-      const float inv = weight_sum[i] > 0.f ? 1.f / weight_sum[i] : 0.f;  // nothing visible: zeros
-      *reinterpret_cast<uint4*>(out + out_offset(r, h, m0 + row) + (item % kChunks) * 8) =
-          make_uint4(pack2<T>(acc[i][0] * inv, acc[i][1] * inv), pack2<T>(acc[i][2] * inv, acc[i][3] * inv),
-                     pack2<T>(acc[i][4] * inv, acc[i][5] * inv), pack2<T>(acc[i][6] * inv, acc[i][7] * inv));
+      for (int i = 0; i < kPerThread; ++i)
+        *reinterpret_cast<uint4*>(out + out_offset(r, h, m0 + row0 + row) + (item(i) % kChunks) * 8) =
+            make_uint4(pack2<T>(acc[i][0] * inv, acc[i][1] * inv), pack2<T>(acc[i][2] * inv, acc[i][3] * inv),
+                       pack2<T>(acc[i][4] * inv, acc[i][5] * inv), pack2<T>(acc[i][6] * inv, acc[i][7] * inv));
     }
   }
   cp_async_wait<0>();
