@@ -79,6 +79,23 @@
 //   a fresh pipeline per slice instead of one stream over the slices: the same time.
 //   The MLA Q tile lands 7-10 us into a segment (per-phase clocks; 72 KB while the copiers fetch two 72 KB
 //   tiles). tried: the odd copier group's first copies waiting for tile A: the same times.
+//   Per-phase clocks later (us, median over CTAs of the first segment; M2 / M1 / G2):
+//     schedule (two scans) 2.6 / 2.5 / 2.7, then to the segment 2.4 / 2.0 / 2.6, Q landed 5.5 / 5.1 / 3.1 after
+//     the segment starts (first tile 0.4 later), publishing a split piece's partial 5.4 / 5.0 / 4.8 (4.1 of it
+//     the four slices' stores, each followed by its arrival), merging a slice 7.1 / 6.0 / 4.6.
+//   tried: the gatherers start a segment's copies only once its Q landed (a named barrier): Q lands no sooner
+//   (5.4 / 5.0 / 3.0 us), the first tile later (7.8 / 6.4 / 5.7); G2 91 -> 93, G5 87 -> 90 us.
+//   tried: all of a partial's slices stored, then their four arrivals at once (one lane each): the publication
+//   takes 2.6 us instead of 4.1 (M2), but the last piece of a row tile then completes every slice and merges
+//   all four alone (combine 7.1 -> 24.9 us): M2 160 -> 172, G1 30 -> 37 us. The staggered arrivals are what
+//   share the merge out.
+//   The merge of a slice ran about 0.6 us per part, each thread adding chunks of four rows (a weight, two exp2
+//   and a shared-memory read of the log-sum-exp per chunk). Each thread adding chunks of one row, the weight
+//   once per part, consecutive threads on consecutive chunks (whole lines per warp instruction), same run
+//   (M1 M2 M3 M4 M5 / G1 G2 G5, us): before 44.7 158.7 160.5 69.8 265.3 / 29.3 90.6 86.8,
+//   kept 44.1 156.6 156.6 67.4 264.9 / 28.3 90.8 86.6. (Each thread on consecutive chunks of its row, a warp
+//   instruction then spread over 16 lines: M1 45.2 -> 47.2 us.) A ring of eight parts in flight instead of
+//   four, in the K/V buffers with O staged in Q's, did not change the time per part.
 // What bounds it now. The loads: G3 reads 268 MB from DRAM at about 2.6 TB/s, near its floor. G2 reads 134 MB
 // from DRAM but moves 269 MB from L2 to the SMs (its two row tiles per KV head read each K/V tile), G5's eight
 // row tiles per head 268 MB, MLA M2 604 MB (sixteen row tiles read each latent tile). Development script, same
@@ -145,13 +162,21 @@
 //                                                          61 203 201  89 330  (against 52 184 189  78 304)
 //   the same, one stream of 128 over the halves             54 197 207  88 332
 //   whole buffers, one stream of 128                        51 211 215  89 338  (against 44 161 161  70 265)
+// MLA, tried: warpgroup 1 issues S of B before it multiplies A's P (S of B runs during warpgroup 0's softmax
+// of A; ptxas waits for S of B before warpgroup 1 rescales O, C7517), same runs: M1-M5 46.7 / 163.9 / 165.2 /
+// 71.3 / 257.4 against 49.2 / 161.4 / 162.3 / 70.6 / 266.7 us. B must have landed when the pair starts, and its
+// buffer is the last one freed, so only M5 (128 row tiles reading each tile: L2 hits) gains. Not kept.
+// MLA and GQA, tried: the gatherers ask L2 for the rows of the tile two ahead (cp.async.bulk.prefetch.L2, a
+// row each): G2 91 -> 153, G5 87 -> 150, M2 160 -> 182, M5 267 -> 307 us.
 // MLA, tried after: each warpgroup multiplies its own tile's P from registers (wgmma with A in registers, issued
 // right after the probabilities; P stored for the other warpgroup while the tensor cores work): M1-M5 49 180 174
 // 74 292 against 48 160 161 70 266 us in the same runs; ptxas spilled about 20 registers around that issue.
 // Next: GQA, the copies of G2 take 91.5 us in the kernel against the probe's 54.8 (per-CTA clocks of the
 // copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
 // which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
-// shared memory per tile (Q's 72 KB is read by every S GEMM).
+// shared memory per tile (Q's 72 KB is read by every S GEMM). Every split workload: the fixed costs above
+// (schedule and setup about 5 us, Q 3-5.5 us, publication and merge 9-12 us), e.g. a merge by more threads than
+// the eight math warps, or one schedule scan kept in shared memory.
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:
