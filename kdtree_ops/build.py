@@ -6,7 +6,7 @@ share one build: they serialize on a file lock and re-check for the finished lib
 
 Environment:
   KDTREE_OPS_CACHE_DIR    where builds live (default: $XDG_CACHE_HOME/kdtree_ops or ~/.cache/kdtree_ops)
-  KDTREE_OPS_CUDA_ARCHS   CUDA targets, e.g. "90a;120" (default: the visible GPUs', or 90a;120 with none;
+  KDTREE_OPS_CUDA_ARCHS   CUDA targets, e.g. "90a;120" (default: the visible GPUs', or 80;90a;120 with none;
                           90 builds as 90a, which the wgmma kernels need)
   KDTREE_OPS_CPU_ONLY=1   build the CPU kernels only, even where nvcc is found
   KDTREE_OPS_VERBOSE=1    show the compiler commands
@@ -29,9 +29,10 @@ import torch
 
 _loaded_library: Path | None = None
 
-# Targets for a machine with no visible GPU (CI compiles for them): Hopper's wgmma needs the "a" target;
-# sm_120 is Blackwell workstation (RTX PRO 6000), the first production target.
-_DEFAULT_ARCHS_WITHOUT_GPU = ("90a", "120")
+# Targets for a machine with no visible GPU (CI compiles for them): sm_80 (Ampere, and Ada runs its code) takes
+# the portable mma.sync path; Hopper's wgmma needs the "a" target; sm_120 is Blackwell workstation
+# (RTX PRO 6000), the first production target.
+_DEFAULT_ARCHS_WITHOUT_GPU = ("80", "90a", "120")
 
 
 def source_root() -> Path:
