@@ -171,7 +171,7 @@
 // MLA, tried after: each warpgroup multiplies its own tile's P from registers (wgmma with A in registers, issued
 // right after the probabilities; P stored for the other warpgroup while the tensor cores work): M1-M5 49 180 174
 // 74 292 against 48 160 161 70 266 us in the same runs; ptxas spilled about 20 registers around that issue.
-// Next: GQA, the copies of G2 take 91.5 us in the kernel against the probe's 54.8 (per-CTA clocks of the
+// Next: GQA, the copies of G2 take about 92 us in the kernel against the probe's 56 (per-CTA clocks of the
 // copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
 // which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
 // shared memory per tile (Q's 72 KB is read by every S GEMM). Every split workload: the fixed costs above
