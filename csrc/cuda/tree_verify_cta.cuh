@@ -150,12 +150,17 @@ struct TreeVerifyCta {
   // index reads hide behind the tensor cores): one pointer read and one 16-byte copy per chunk.
   __device__ void load_kv(int stage, bool v_from_k);
 
-  // kCopiers threads (`copier` is this one's index) copy a tile of BLOCK_N rows. Eight threads copy a row (a
-  // warp: four full 128-byte lines per instruction); thread q takes chunk q of each 64-column block. Rows of
-  // one thread are kCopiers / 8 apart, a multiple of 8, so its swizzled position is the same in every row and
-  // block: one pointer read per row, constant offsets otherwise.
+  // kCopiers threads (`copier` is this one's index) copy a swizzled tile of kRows rows, row i from
+  // row_source(i) (nullptr: zeros). Eight threads copy a row (a warp: four full 128-byte lines per instruction);
+  // thread q takes chunk q of each 64-column block. Rows of one thread are kCopiers / 8 apart, a multiple of 8,
+  // so its swizzled position is the same in every row and block: one source per row, constant offsets otherwise.
+  template <int kRows, int kChunks, int kCopiers, class RowSource>
+  __device__ __forceinline__ void copy_rows(RowSource row_source, T* dst, int copier);
+  // A K or V tile (BLOCK_N rows) from the row pointers staged in `rows`.
   template <int kChunks, int kCopiers>
-  __device__ __forceinline__ void load_rows(const T* const* rows, T* dst, int copier);
+  __device__ __forceinline__ void load_rows(const T* const* rows, T* dst, int copier) {
+    copy_rows<C::kBlockN, kChunks, kCopiers>([&](int row) { return rows[row]; }, dst, copier);
+  }
 
   // Any valid global address: a zero-filling copy reads nothing from it.
   __device__ const T* dst_fallback() const { return static_cast<const T*>(p.q); }
@@ -835,7 +840,10 @@ struct TreeVerifyCta {
   // O += P V with P in registers (WARPS_N = 1).
   __device__ __forceinline__ void issue_pv_regs(const uint32_t (&a)[C::kBlockN / 16][4], const T* v_tile,
                                                 float (&o)[NO][4]) {
-    const uint64_t desc = v_desc(v_tile);
+    // Warp-uniform for the compiler (see wg). Without it, ptxas may keep the descriptor of this loop-carried
+    // pointer in ordinary registers and move it to uniform ones before each wgmma (G2 91 -> 94, G5 85 -> 88 us
+    // after an unrelated change to load_q).
+    const uint64_t desc = __shfl_sync(0xffffffffu, v_desc(v_tile), 0);
     wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < C::kBlockN / 16; ++kk)

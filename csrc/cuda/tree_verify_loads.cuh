@@ -8,17 +8,16 @@ namespace kdtree::cuda {
 
 template <class C>
 __device__ void TreeVerifyCta<C>::load_q(const RequestInfo& r, int h, int m0) {
-  const T* q = static_cast<const T*>(p.q);
-  static_assert(C::kBlockM * C::kChunksQK % C::kMathThreads == 0, "threads tile the Q tile");
-#pragma unroll
-  for (int k = 0; k < C::kBlockM * C::kChunksQK / C::kMathThreads; ++k) {
-    const int i = tid + k * C::kMathThreads, row = i / C::kChunksQK, chunk = i % C::kChunksQK;
-    const int packed = m0 + row;
-    const bool valid = packed < r.tree_len * p.group;
-    const int token = valid ? packed / p.group : 0, head = h * p.group + (valid ? packed % p.group : 0);
-    const T* src = q + (r.qo_start + token) * p.q_row_stride + head * p.q_head_stride + chunk * 8;
-    cp_async_16(sQ + swizzle(row, chunk, C::kBlockM) * 8, valid ? src : q, valid);
-  }
+  // A division by the group per row, not per chunk: this code runs once per segment, with a cold instruction
+  // cache, so its length is its time.
+  copy_rows<C::kBlockM, C::kChunksQK, C::kMathThreads>(
+      [&](int row) -> const T* {
+        const int packed = m0 + row;
+        if (packed >= r.tree_len * p.group) return nullptr;
+        return static_cast<const T*>(p.q) + (r.qo_start + packed / p.group) * p.q_row_stride +
+               (h * p.group + packed % p.group) * p.q_head_stride;
+      },
+      sQ, tid);
 }
 
 template <class C>
@@ -43,29 +42,30 @@ __device__ void TreeVerifyCta<C>::load_kv(int stage, bool v_from_k) {
 }
 
 template <class C>
-template <int kChunks, int kCopiers>
-__device__ __forceinline__ void TreeVerifyCta<C>::load_rows(const T* const* rows, T* dst, int copier) {
+template <int kRows, int kChunks, int kCopiers, class RowSource>
+__device__ __forceinline__ void TreeVerifyCta<C>::copy_rows(RowSource row_source, T* dst, int copier) {
   constexpr int kRowsPerPass = kCopiers / 8;
-  static_assert(C::kBlockN % kRowsPerPass == 0 && kRowsPerPass % 8 == 0 && kChunks % 8 == 0,
-                "threads tile the KV tile's rows");
+  static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0 && kChunks % 8 == 0,
+                "threads tile the rows");
   const int q = copier % 8, row0 = copier / 8;
   const int position = (q ^ row0) & 7;
-  // Row pointers in batches of up to eight, read before their copies: one shared-memory latency per batch, not
-  // one per row (all of a tile's rows at once held too many registers: G2 92 -> 98 us).
-  constexpr int kPasses = C::kBlockN / kRowsPerPass;
+  // Row sources in batches of up to eight, found before their copies: for staged row pointers, one
+  // shared-memory latency per batch, not one per row (all of a tile's rows at once held too many registers:
+  // G2 92 -> 98 us).
+  constexpr int kPasses = kRows / kRowsPerPass;
   constexpr int kBatch = kPasses % 8 == 0 ? 8 : kPasses % 4 == 0 ? 4 : 1;
 #pragma unroll
   for (int pass0 = 0; pass0 < kPasses; pass0 += kBatch) {
     const T* src[kBatch];
 #pragma unroll
-    for (int b = 0; b < kBatch; ++b) src[b] = rows[row0 + (pass0 + b) * kRowsPerPass];
+    for (int b = 0; b < kBatch; ++b) src[b] = row_source(row0 + (pass0 + b) * kRowsPerPass);
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int row = row0 + (pass0 + b) * kRowsPerPass;
       const bool valid = src[b] != nullptr;
 #pragma unroll
       for (int block = 0; block < kChunks / 8; ++block)
-        cp_async_16(dst + block * C::kBlockN * 64 + row * 64 + position * 8,
+        cp_async_16(dst + block * kRows * 64 + row * 64 + position * 8,
                     valid ? src[b] + block * 64 + q * 8 : dst_fallback(), valid);
     }
   }

@@ -69,11 +69,20 @@ __device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int 
   stage_output(o, l_run);
   constexpr int kChunks = C::kDv / 8;
   T* out = static_cast<T*>(p.out);
-  for (int i = tid; i < C::kBlockM * kChunks; i += C::kMathThreads) {
-    const int row = i / kChunks, chunk = i % kChunks;
-    if (m0 + row >= r.tree_len * p.group) continue;  // padding rows of the tile
-    *reinterpret_cast<uint4*>(out + out_offset(r, h, m0 + row) + chunk * 8) =
-        *reinterpret_cast<const uint4*>(staged_chunk(row, chunk));
+  // Eight threads to a row (a warp: four whole 128-byte lines per instruction), so each thread finds a row's
+  // offset, a division by the group, once for all of its chunks of the row (cold code: its length is its time).
+  constexpr int kRowsPerPass = C::kMathThreads / 8;
+  static_assert(C::kBlockM % kRowsPerPass == 0 && kChunks % 8 == 0, "threads tile the rows");
+#pragma unroll
+  for (int pass = 0; pass < C::kBlockM / kRowsPerPass; ++pass) {
+    const int row = tid / 8 + pass * kRowsPerPass;
+    if (m0 + row >= r.tree_len * p.group) break;  // padding rows of the tile, and so are this thread's next
+    T* const dst = out + out_offset(r, h, m0 + row);
+#pragma unroll
+    for (int j = 0; j < kChunks / 8; ++j) {
+      const int chunk = tid % 8 + 8 * j;
+      *reinterpret_cast<uint4*>(dst + chunk * 8) = *reinterpret_cast<const uint4*>(staged_chunk(row, chunk));
+    }
   }
 }
 
