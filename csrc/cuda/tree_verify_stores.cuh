@@ -135,15 +135,15 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
   auto item = [&](int i) { return row * kChunks + tid % kThreadsPerRow + i * kThreadsPerRow; };  // in the slice
   // Part j is piece j % pieces of the (j / pieces)-th slice to merge. This CTA's own piece is still staged;
   // the others' stream through a ring behind the staged tile, kRing - 1 parts ahead and across slices: each
-  // thread copies the chunks it adds (cp.async), so it waits only for its own copies and holds no loads in
-  // registers (with the loads in registers, ptxas spilled in the tile loop). The log-sum-exps of kLseCap
-  // parts at a time go to the Q buffer.
+  // thread copies what it adds (cp.async), its chunks and the 16 bytes that hold its row's log-sum-exp (into
+  // a slot of its own in the Q buffer), so it waits only for its own copies, with no barrier, and holds no loads
+  // in registers (with the loads in registers, ptxas spilled in the tile loop).
   constexpr int kPartElems = kRows * C::kDv, kRing = 4;
-  constexpr int kLseCap = C::kQBytes / 4 / kRows;
   static_assert((C::kBlockM * C::kDv + kRing * kPartElems) * sizeof(T) <= C::kStages * (C::kKBytes + C::kVBytes),
                 "the staged tile and the ring fit in the K/V buffers");
+  static_assert(kRing * C::kMathThreads * 16 <= C::kQBytes && kRows % 4 == 0, "a log-sum-exp slot per thread");
   T* ring = sK + C::kBlockM * C::kDv;
-  float* lse = reinterpret_cast<float*>(sQ);
+  float4* lse = reinterpret_cast<float4*>(sQ) + tid;  // part j's slot: lse[(j % kRing) * kMathThreads]
   const int parts = __popc(slices) * pieces;
   auto slice_of = [&](int j) {  // the (j / pieces)-th set bit of `slices`
     uint32_t rest = slices;
@@ -151,28 +151,24 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
     return __ffs(rest) - 1;
   };
   auto copy_part = [&](int j) {  // into ring slot j % kRing; a group either way
-    if (j < parts && j % pieces != own) {
-      const T* src = static_cast<const T*>(p.partial_out) + (first_piece + j % pieces) * C::kBlockM * C::kDv +
-                     slice_of(j) * kPartElems;
+    if (j < parts) {
+      const long long piece = first_piece + j % pieces;
+      const int slice = slice_of(j);
+      const float* lse_src = p.partial_lse + piece * C::kBlockM + slice * kRows + row / 4 * 4;  // 16-byte aligned
+      cp_async_16(lse + (j % kRing) * C::kMathThreads, lse_src, true);
+      if (j % pieces != own) {
+        const T* src = static_cast<const T*>(p.partial_out) + piece * C::kBlockM * C::kDv + slice * kPartElems;
 #pragma unroll
-      for (int i = 0; i < kPerThread; ++i)
-        cp_async_16(ring + (j % kRing) * kPartElems + item(i) * 8, src + item(i) * 8, true);
+        for (int i = 0; i < kPerThread; ++i)
+          cp_async_16(ring + (j % kRing) * kPartElems + item(i) * 8, src + item(i) * 8, true);
+      }
     }
     cp_async_commit();
   };
-  auto load_lse = [&](int j0) {  // parts j0 .. j0 + kLseCap - 1
-    math_sync();  // the previous ones are read
-    for (int i = tid; i < min(kLseCap, parts - j0) * kRows; i += C::kMathThreads) {
-      const int j = j0 + i / kRows;  // written by other CTAs: read from L2, never a stale L1 line
-      lse[i] = __ldcg(p.partial_lse + (first_piece + j % pieces) * C::kBlockM + slice_of(j) * kRows + i % kRows);
-    }
-    math_sync();
-  };
 
-  math_sync();  // the publication is done with the K/V buffers
+  math_sync();  // the publication is done with the K/V buffers and Q's
 #pragma unroll
   for (int j = 0; j < kRing - 1; ++j) copy_part(j);
-  load_lse(0);
   T* out = static_cast<T*>(p.out);
   int j = 0;
 #pragma unroll 1
@@ -185,10 +181,9 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[i][e] = 0.f;
     for (int k = 0; k < pieces; ++k, ++j) {
-      if (j > 0 && j % kLseCap == 0) load_lse(j);
       copy_part(j + kRing - 1);
       cp_async_wait<kRing - 1>();  // this thread's copies of part j landed
-      const float x = lse[(j % kLseCap) * kRows + row];
+      const float x = reinterpret_cast<const float*>(lse + (j % kRing) * C::kMathThreads)[row % 4];
       const float m_new = fmaxf(m, x), ref = usable(m_new);  // -inf: nothing visible so far, weights 0
       const float keep = fast_exp2(m - ref), w = fast_exp2(x - ref);
       weight_sum = weight_sum * keep + w;
