@@ -40,6 +40,10 @@ int ctas_per_sm(int device, const cudaDeviceProp& prop) {
   return ctas;
 }
 
+// Zeroes the work split's arrival counters on `stream`, in a kernel that the next launch on the stream may
+// overlap (split_counters.cu).
+void zero_split_counters(int* counters, int64_t count, cudaStream_t stream);
+
 template <class C>
 void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
@@ -54,8 +58,9 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   const int64_t slots = grid + row_tiles;
   // One allocation per call from the caching allocator (graph-pool aware): partial outputs (in T) and their
   // log-sum-exps, each CTA's schedule, then the arrival counters of each row tile's slices. Only the counters
-  // need zeros: a memset node, where a persistent buffer would be an untracked live allocation in a captured
-  // graph's pool. Sizes in floats; every part starts on a 16-byte boundary (BLOCK_M is a multiple of 64).
+  // need zeros, from a kernel of their own each call, where a persistent buffer would be an untracked live
+  // allocation in a captured graph's pool. Sizes in floats; every part starts on a 16-byte boundary (BLOCK_M
+  // is a multiple of 64).
   const int64_t partial_floats = slots * C::kBlockM * (C::kDv / 2 + 1);
   const int64_t schedule_floats = static_cast<int64_t>(grid) * 2 * (p.batch + 1) * 2;  // int64 = 2 floats
   const int64_t counters = row_tiles * TreeVerifyCta<C>::kSlices;
@@ -66,11 +71,22 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   p.schedule = reinterpret_cast<long long*>(base + partial_floats);
   p.row_tile_counters = reinterpret_cast<int*>(base + partial_floats + schedule_floats);
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
-  C10_CUDA_CHECK(cudaMemsetAsync(p.row_tile_counters, 0, counters * sizeof(int), stream));
+  zero_split_counters(p.row_tile_counters, counters, stream);
   p.min_units_per_cta = kMinUnitsPerCta;
 
-  tree_verify_attention_kernel<C><<<grid, C::kThreads, C::kSmemBytes, stream>>>(p);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // Launched while the zeroing runs where the device can (sm_90 and later): the kernel waits for it before
+  // its first arrival. Everything else it reads was written before the zeroing kernel started.
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(C::kThreads);
+  config.dynamicSmemBytes = C::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &overlap;
+  config.numAttrs = prop->major >= 9 ? 1 : 0;
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, tree_verify_attention_kernel<C>, p));
 }
 
 // The sm_90a wgmma kernels run on Hopper (sm_90) unless KDTREE_OPS_PORTABLE_MMA=1 asks for the portable

@@ -26,6 +26,14 @@ __device__ __forceinline__ int arrive_counter(int* counter) {
   return before;
 }
 
+// The counters are zeroed by the kernel launched just before this one, which this grid may overlap
+// (split_counters.cu): wait for that kernel before the first arrival.
+__device__ __forceinline__ void wait_for_zeroed_counters() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Eight T values of a 16-byte chunk, as floats.
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& chunk, float (&v)[8]) {
@@ -103,6 +111,7 @@ __device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const
   T* partial = static_cast<T*>(p.partial_out) + slot * C::kBlockM * C::kDv;
   int* counters = p.row_tile_counters + static_cast<int64_t>(sg.row_tile) * kSlices;
   uint32_t completed = 0;  // thread 0: the slices whose count this CTA completed
+  if (tid == 0) wait_for_zeroed_counters();
 #pragma unroll 1
   for (int j = 0; j < kSlices; ++j) {
     const int slice = (sg.split + j) % kSlices;
