@@ -171,12 +171,22 @@
 // MLA, tried after: each warpgroup multiplies its own tile's P from registers (wgmma with A in registers, issued
 // right after the probabilities; P stored for the other warpgroup while the tensor cores work): M1-M5 49 180 174
 // 74 292 against 48 160 161 70 266 us in the same runs; ptxas spilled about 20 registers around that issue.
-// Next: GQA, the copies of G2 take about 92 us in the kernel against the probe's 56 (per-CTA clocks of the
+// The fixed costs of a call. Code that runs once per segment runs from a cold instruction cache, so its length
+// is its time: load_q divided by the group for every 16-byte chunk (about 1800 SASS instructions for MLA's Q,
+// which landed 5.5 us after the segment start, 3.1 us for GQA's); copy_rows with one division per row (about
+// 400) and store_output likewise, then the merge copying each part's log-sum-exps with the part, then the
+// counters zeroed by a kernel that the verify kernel overlaps instead of a memset node. Development script,
+// same runs, us:                                   G1    G2    G3    G4    G5    M1    M2    M3    M4    M5
+//   before                                       30.3  89.8 104.4  80.7  86.5  45.6 156.9 156.1  67.3 264.4
+//   rows + log-sum-exps with the parts           26.4  88.2 102.1  80.1  85.9  40.7 149.1 151.2  62.8 256.1
+//   + the overlapped zeroing kernel (kept)       26.1  87.7 101.1  79.2  84.6  38.2 147.1 149.7  61.4 255.1
+//   (the memset node alone, timed by leaving it out: 1.2 to 2.8 us a call.)
+// Next: GQA, the copies of G2 take about 89 us in the kernel against the probe's 56 (per-CTA clocks of the
 // copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
 // which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
-// shared memory per tile (Q's 72 KB is read by every S GEMM). Every split workload: the fixed costs above
-// (schedule and setup about 5 us, Q 3-5.5 us, publication and merge 9-12 us), e.g. a merge by more threads than
-// the eight math warps, or one schedule scan kept in shared memory.
+// shared memory per tile (Q's 72 KB is read by every S GEMM). Every split workload: the rest of the fixed costs
+// (the schedule and setup, about 1500 cold instructions with four 64-bit divisions, about 5 us; publication
+// and merge 9-12 us): shorter code there, a merge by more threads than the eight math warps.
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:
