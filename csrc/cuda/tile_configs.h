@@ -181,6 +181,9 @@
 //   rows + log-sum-exps with the parts           26.4  88.2 102.1  80.1  85.9  40.7 149.1 151.2  62.8 256.1
 //   + the overlapped zeroing kernel (kept)       26.1  87.7 101.1  79.2  84.6  38.2 147.1 149.7  61.4 255.1
 //   (the memset node alone, timed by leaving it out: 1.2 to 2.8 us a call.)
+//   tried after: a split piece publishes its slices in as many rounds as the row tile has pieces (a round's
+//   slices arriving together, a lane each), so two pieces take two rounds of two slices instead of four: G3 -1.1,
+//   G5 -1.4, M3 -1.6, M4 -0.8 us, but G1 +0.5, G2 +0.7, M1 +1.0, M5 +1.1 (three repetitions each); not kept.
 // Next: GQA, the copies of G2 take about 89 us in the kernel against the probe's 56 (per-CTA clocks of the
 // copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
 // which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
