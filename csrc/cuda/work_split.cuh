@@ -38,41 +38,23 @@ __device__ __forceinline__ RequestInfo request_info(const TreeVerifyParams& p, i
   return r;
 }
 
-// Inclusive scan of v over the warp's lanes (both components).
-__device__ __forceinline__ longlong2 warp_inclusive_scan(longlong2 v) {
-  const int lane = threadIdx.x & 31;
-#pragma unroll
-  for (int off = 1; off < 32; off <<= 1) {
-    const long long x = __shfl_up_sync(0xffffffffu, v.x, off), y = __shfl_up_sync(0xffffffffu, v.y, off);
-    if (lane >= off) v.x += x, v.y += y;
-  }
-  return v;
-}
-
 // Block-wide, over requests b: the exclusive scan of f(b).x into out[0..B] (out[B] = total; global memory,
 // read back by the same block after the scan's barriers), and the sum of f(b).y. All threads call it.
 template <int kThreads, typename F>
 __device__ longlong2 scan_requests(int batch, long long* out, F f) {
   static_assert(kThreads % 32 == 0 && kThreads <= 1024, "block of whole warps");
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  if (batch <= 32) {
-    // Every warp scans the requests itself, so the totals need no exchange: one barrier (for `out`) where the
-    // block-wide scan below takes three and two passes over the warps' sums (this code runs once per call,
-    // cold: its length is its time).
-    const longlong2 own = lane < batch ? f(lane) : make_longlong2(0, 0);
-    const longlong2 v = warp_inclusive_scan(own);
-    const longlong2 total = make_longlong2(__shfl_sync(0xffffffffu, v.x, 31), __shfl_sync(0xffffffffu, v.y, 31));
-    if (warp == 0 && lane < batch) out[lane] = v.x - own.x;
-    if (threadIdx.x == 0) out[batch] = total.x;
-    __syncthreads();
-    return total;
-  }
   __shared__ longlong2 warp_sums[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   longlong2 carry = make_longlong2(0, 0);
   for (int base = 0; base < batch; base += kThreads) {
     const int b = base + threadIdx.x;
     const longlong2 own = b < batch ? f(b) : make_longlong2(0, 0);
-    const longlong2 v = warp_inclusive_scan(own);
+    longlong2 v = own;  // inclusive warp scan
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+      const long long x = __shfl_up_sync(0xffffffffu, v.x, off), y = __shfl_up_sync(0xffffffffu, v.y, off);
+      if (lane >= off) v.x += x, v.y += y;
+    }
     if (lane == 31) warp_sums[warp] = v;
     __syncthreads();
     long long before = carry.x;
