@@ -184,6 +184,14 @@
 //   tried after: a split piece publishes its slices in as many rounds as the row tile has pieces (a round's
 //   slices arriving together, a lane each), so two pieces take two rounds of two slices instead of four: G3 -1.1,
 //   G5 -1.4, M3 -1.6, M4 -0.8 us, but G1 +0.5, G2 +0.7, M1 +1.0, M5 +1.1 (three repetitions each); not kept.
+//   tried after: with at most 32 requests, every warp scans them itself with one barrier (the block-wide scan
+//   takes three): whole GPU suite passed, but its benchmark was no faster than the previous suite's (M2 150.5
+//   against 148.8 us, in a run whose matmul ceiling read 1 % lower) and no side-by-side run fitted; not kept.
+// Per-CTA clocks of the first segment after these changes, us (G1 / G2 / G5 / M1 / M2 / M4): the two scans
+// 2.2 / 2.5 / 2.4 / 2.3 / 2.6 / 2.5 (1.1-1.4 each, even for one request), then to the segment 2.3 / 2.4 / 2.5 /
+// 1.9 / 2.0 / 2.3, Q landed 1.6 / 1.6 / 1.6 / 1.5 / 1.7 / 2.4 later, the first tile 2.1-3.7 after the segment's
+// start, then about 2.0-2.4 a tile; publishing a split piece 4.0 / 4.2 / 4.1 / 5.0 / 5.5 / 4.8 and merging a
+// slice 2.8 / 3.5 / 4.5 / 4.5 / 5.4 / 5.6. A graph replay of one call takes 1.3-2.1 us more than the kernel.
 // Next: GQA, the copies of G2 take about 89 us in the kernel against the probe's 56 (per-CTA clocks of the
 // copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
 // which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
