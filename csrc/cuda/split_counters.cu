@@ -3,12 +3,11 @@
 // kernel waits for it only before its first arrival (wait_for_zeroed_counters), so the zeroing and the gap
 // between two launches hide behind its schedule and first tiles. (A memset node in its place cost 1.2 to
 // 2.8 us per call.)
-#include <ATen/cuda/CUDAContext.h>
+#include "split_counters.h"
+
 #include <c10/cuda/CUDAException.h>
 
 #include <algorithm>
-
-#include "tree_verify_launch.cuh"
 
 namespace kdtree::cuda {
 namespace {

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdlib>
 
+#include "split_counters.h"
 #include "tile_configs.h"
 
 namespace kdtree::cuda {
@@ -39,10 +40,6 @@ int ctas_per_sm(int device, const cudaDeviceProp& prop) {
   }
   return ctas;
 }
-
-// Zeroes the work split's arrival counters on `stream`, in a kernel that the next launch on the stream may
-// overlap (split_counters.cu).
-void zero_split_counters(int* counters, int64_t count, cudaStream_t stream);
 
 template <class C>
 void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
