@@ -193,8 +193,8 @@ BIG_CASES = {
                                           layout="strided"),
     "gqa_prefix64k": dict(tree_sizes=[64, 16], prefix_lens=[65536, 30000], num_q_heads=32, num_kv_heads=8,
                           head_dim_qk=128, head_dim_v=128, draft_mode="cache", index_dtype=torch.int64),
-    # One row tile split into 205 pieces (1025 KV tiles, at most 256 pieces: 5 tiles each): a slice's merge reads
-    # more log-sum-exps than the Q buffer holds at once (merge_slices' rounds of kLseCap parts).
+    # One row tile split into 205 pieces (1025 KV tiles, at most 256 pieces: 5 tiles each): a slice's merge streams
+    # 205 parts, each with its log-sum-exps, through merge_slices' ring of four.
     "gqa_hd64_256_pieces": dict(tree_sizes=[1], prefix_lens=[65536], num_q_heads=2, num_kv_heads=1, head_dim_qk=64,
                                 head_dim_v=64, draft_mode="cache"),
     "gqa_hd256_fp16": dict(tree_sizes=[512, 100], prefix_lens=[8192, 0], num_q_heads=16, num_kv_heads=2,
