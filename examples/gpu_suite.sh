@@ -14,8 +14,8 @@
 #   6. gather_probe  examples/gather_probe.cu (Hopper): G2's and M2's K/V gathers alone, a floor for the
 #                 kernels' loads
 # and writes RESULTS_DIR/summary.md (device, torch, commit, stage results, test counts, sanitizer summary
-# lines, benchmark table). The whole run keeps within KDTREE_SUITE_BUDGET_S seconds (default 540): every
-# stage gets a time limit that leaves the later stages their minimum.
+# lines, benchmark table). The whole run keeps within KDTREE_SUITE_BUDGET_S seconds (default 550, at least
+# 450): every stage gets a time limit that leaves the later stages their minimum.
 set -u -o pipefail
 
 out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR}
@@ -26,6 +26,15 @@ cd "$repo"
 exec > >(tee -a "$out/suite.log") 2>&1
 
 budget=${KDTREE_SUITE_BUDGET_S:-550}
+# The build leaves the later stages 330 s, and a cold one takes about a minute on 16 cores (45 s in the
+# committed run, over 54 s in another); with less than this it can time out, and then nothing else runs:
+# refuse at once rather than spend the device time.
+min_budget=450
+if (( budget < min_budget )); then
+  echo "gpu_suite.sh: KDTREE_SUITE_BUDGET_S=$budget s is too short: a cold build (about a minute) and the later" \
+    "stages' minimums (330 s) need at least $min_budget s" >&2
+  exit 2
+fi
 start=$(date +%s)
 export KDTREE_OPS_CACHE_DIR=${KDTREE_OPS_CACHE_DIR:-/tmp/kdtree_ops_cache}
 export PYTHONUNBUFFERED=1
