@@ -13,8 +13,9 @@ namespace kdtree::cuda {
 // borrows the K/V buffers).
 template <class C>
 __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
-  long long* piece_start = p.schedule + static_cast<int64_t>(blockIdx.x) * 2 * (p.batch + 1);  // this CTA's
-  const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(p, piece_start, piece_start + p.batch + 1);
+  long long* piece_start = p.schedule + static_cast<int64_t>(blockIdx.x) * 3 * (p.batch + 1);  // this CTA's
+  const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(
+      p, piece_start, piece_start + p.batch + 1, reinterpret_cast<PieceSplit*>(piece_start + 2 * (p.batch + 1)));
   zero_padding_rows<typename C::T>(p, C::kDv);  // after the schedule: qo_indptr is then in cache
 
   const long long pieces_total = sched.pieces;
@@ -32,8 +33,8 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
     for (long long q = q_begin; q < q_end; ++q) {
       while (sched.piece_start[b + 1] <= q) ++b;
       const RequestInfo r = request_info<C::kBlockM, C::kBlockN>(p, b);
-      const int splits = splits_of(r, sched.units, gridDim.x, p.min_units_per_cta);  // pieces per row tile
-      const int chunk = (r.n_tiles + splits - 1) / splits;
+      const PieceSplit cut = sched.cut[b];
+      const int splits = cut.pieces, chunk = cut.chunk;
       const long long local = q - sched.piece_start[b];
       const int rt = static_cast<int>(local / splits);  // row tile within the request: (head, m tile)
       const int split = static_cast<int>(local % splits);

@@ -18,13 +18,18 @@
 
 namespace kdtree::cuda {
 
-// Arrival on a counter of the work split: release (this CTA's writes, ordered before by a barrier, are visible
-// first) and acquire (the writes of earlier arrivals are visible after it). Returns the count before.
+// Arrival on a counter of the work split, a release: this CTA's writes, ordered before it by a barrier, are
+// visible before the count moves. Returns the count before; the arriving thread does not wait for it until it
+// reads it, so the slices' arrivals overlap the next slices' stores.
 __device__ __forceinline__ int arrive_counter(int* counter) {
   int before;
-  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
+  asm volatile("atom.release.gpu.global.add.s32 %0, [%1], 1;\n" : "=r"(before) : "l"(counter) : "memory");
   return before;
 }
+
+// After the arrivals that completed a count: the writes of the earlier arrivals are visible to this thread
+// (and, after a barrier, to its CTA).
+__device__ __forceinline__ void acquire_arrivals() { asm volatile("fence.acq_rel.gpu;\n" ::: "memory"); }
 
 // The counters are zeroed by the kernel launched just before this one, which this grid may overlap
 // (split_counters.cu): wait for that kernel before the first arrival.
@@ -110,9 +115,9 @@ __device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const
   constexpr int kRows = C::kBlockM / kSlices, kChunks = C::kDv / 8;  // a slice; chunks per row
   T* partial = static_cast<T*>(p.partial_out) + slot * C::kBlockM * C::kDv;
   int* counters = p.row_tile_counters + static_cast<int64_t>(sg.row_tile) * kSlices;
-  uint32_t completed = 0;  // thread 0: the slices whose count this CTA completed
+  int before[kSlices];  // thread 0: each arrival's count before it, read only after the last arrival
   if (tid == 0) wait_for_zeroed_counters();
-#pragma unroll 1
+#pragma unroll
   for (int j = 0; j < kSlices; ++j) {
     const int slice = (sg.split + j) % kSlices;
     for (int i = tid; i < kRows * kChunks; i += C::kMathThreads) {
@@ -121,11 +126,18 @@ __device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const
              *reinterpret_cast<const uint4*>(staged_chunk(row, chunk)));
     }
     math_sync();  // the slice is written (and, the first time, the log-sum-exps)
-    if (tid == 0 && arrive_counter(counters + slice) == sg.pieces - 1) completed |= 1u << slice;
+    if (tid == 0) before[j] = arrive_counter(counters + slice);
   }
-  if (tid == 0) *sFlag = static_cast<int>(completed);
+  if (tid == 0) {
+    uint32_t completed = 0;  // the slices whose count this CTA completed
+#pragma unroll
+    for (int j = 0; j < kSlices; ++j)
+      if (before[j] == sg.pieces - 1) completed |= 1u << ((sg.split + j) % kSlices);
+    if (completed != 0) acquire_arrivals();
+    *sFlag = static_cast<int>(completed);
+  }
   math_sync();
-  completed = static_cast<uint32_t>(*sFlag);
+  const uint32_t completed = static_cast<uint32_t>(*sFlag);
   if (completed != 0) merge_slices(sg, m0, completed);
 }
 

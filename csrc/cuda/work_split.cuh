@@ -80,28 +80,40 @@ struct Segment {
   int tiles_before;
 };
 
-struct Schedule {
-  long long* piece_start;  // [B+1] first piece of each request (the CTA's own copy in the workspace)
-  long long* tile_start;   // [B+1] first row tile of each request
-  long long units;         // (row tile, KV tile) pairs of the whole batch
-  long long pieces;        // pieces of the whole batch
+// How a request's row tiles are cut. Each row tile gets its share of the grid, floor(n_tiles * grid / units)
+// pieces, so that the pieces of all row tiles number at most about one per CTA; at least 1, and none shorter
+// than min_units_per_cta KV tiles (a split costs a partial write and a merge). Piece k takes the KV tiles
+// [k * chunk, (k + 1) * chunk) with chunk = ceil(n_tiles / pieces); the count is cut to the pieces that then
+// hold tiles (33 tiles in 8 pieces of 5 leave the eighth empty), which keeps chunk the same.
+struct PieceSplit {
+  int pieces;  // per row tile (1 for a request without keys)
+  int chunk;   // KV tiles per piece, the last one's possibly fewer
 };
 
-// Pieces per row tile of a request: its share of the grid, floor(n_tiles * grid / units), so that the pieces
-// of all row tiles number at most about one per CTA; at least 1, and none shorter than min_units_per_cta
-// KV tiles (a split costs a partial write and a merge). Piece k takes the KV tiles [k * chunk, (k + 1) * chunk)
-// with chunk = ceil(n_tiles / pieces); the count is cut to the pieces that then hold tiles (33 tiles in 8
-// pieces of 5 leave the eighth empty), which keeps chunk the same.
-__device__ __forceinline__ int splits_of(const RequestInfo& r, long long units, int grid, int min_units) {
-  const long long share = units > 0 ? static_cast<long long>(r.n_tiles) * grid / units : 1;
+__device__ __forceinline__ PieceSplit piece_split(const RequestInfo& r, long long units, int grid, int min_units) {
+  // In 32 bits when the operands fit, as they do for any practical batch: this code runs once per call, from a
+  // cold instruction cache, and a 64-bit division is a subroutine of about 70 instructions.
+  const long long numerator = static_cast<long long>(r.n_tiles) * grid;
+  const long long share = units <= 0                               ? 1
+                          : (numerator | units) <= 0xffffffffll ? static_cast<uint32_t>(numerator) / static_cast<uint32_t>(units)
+                                                                  : numerator / units;
   const int most = max(1, r.n_tiles / max(min_units, 1));
   const int wanted = static_cast<int>(min(max(share, 1ll), static_cast<long long>(most)));
   const int chunk = (r.n_tiles + wanted - 1) / wanted;
-  return chunk > 0 ? (r.n_tiles + chunk - 1) / chunk : 1;
+  return chunk > 0 ? PieceSplit{(r.n_tiles + chunk - 1) / chunk, chunk} : PieceSplit{1, 0};
 }
 
+// The work split as every CTA derives it, in the CTA's own part of the workspace.
+struct Schedule {
+  long long* piece_start;  // [B+1] first piece of each request
+  long long* tile_start;   // [B+1] first row tile of each request
+  PieceSplit* cut;         // [B] how each request's row tiles are cut
+  long long pieces;        // pieces of the whole batch
+};
+
 template <int kThreads, int kBlockM, int kBlockN>
-__device__ Schedule build_schedule(const TreeVerifyParams& p, long long* piece_start, long long* tile_start) {
+__device__ Schedule build_schedule(const TreeVerifyParams& p, long long* piece_start, long long* tile_start,
+                                   PieceSplit* cut) {
   // Two passes: the row tiles (and the units, summed), then the pieces, which depend on the units' total.
   const long long units = scan_requests<kThreads>(p.batch, tile_start, [&](int b) {
     const RequestInfo r = request_info<kBlockM, kBlockN>(p, b);
@@ -110,10 +122,10 @@ __device__ Schedule build_schedule(const TreeVerifyParams& p, long long* piece_s
   }).y;
   const long long pieces = scan_requests<kThreads>(p.batch, piece_start, [&](int b) {
     const RequestInfo r = request_info<kBlockM, kBlockN>(p, b);
-    return make_longlong2(static_cast<long long>(p.num_kv_heads) * r.m_tiles *
-                              splits_of(r, units, gridDim.x, p.min_units_per_cta), 0);
+    cut[b] = piece_split(r, units, gridDim.x, p.min_units_per_cta);
+    return make_longlong2(static_cast<long long>(p.num_kv_heads) * r.m_tiles * cut[b].pieces, 0);
   }).x;
-  return {piece_start, tile_start, units, pieces};
+  return {piece_start, tile_start, cut, pieces};
 }
 
 // Last b with start[b] <= u (a request with work when u < start[B]).
