@@ -187,6 +187,20 @@
 //   tried after: with at most 32 requests, every warp scans them itself with one barrier (the block-wide scan
 //   takes three): whole GPU suite passed, but its benchmark was no faster than the previous suite's (M2 150.5
 //   against 148.8 us, in a run whose matmul ceiling read 1 % lower) and no side-by-side run fitted; not kept.
+// The work split, then (development script, three repetitions' means, us, G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
+//   main                                                  24.7  88.4 101.1  79.2  84.8 / 37.8 148.3 150.7 61.5 256.0
+//   each request's cut stored by the scan (no 64-bit division per piece), release-only slice arrivals
+//                                                         24.0  87.7 101.4  78.8  83.1 / 37.6 145.3 147.4 60.8 257.0
+//   the same, another run                                 24.3  87.7 100.7  78.9  83.9 / 39.0 145.5 147.1 60.7 255.5
+//     + piece indices in 32 bits, GQA's P packed in place (right after the PV wait, into the PV operand)
+//                                                         23.8  92.4 100.7  78.3  84.3 / 38.8 143.4 140.3 56.3 247.4
+//     + the same with 32 bits for the paired MLA kernel only (kept)
+//                                                         23.4  86.5 100.6  79.8  83.1 / 39.0 144.3 141.1 56.2 246.8
+//   In 32 bits ptxas keeps the piece loop's control and the mbarrier addresses in uniform registers: the
+//   paired kernel's math warps (232 registers) then spill nothing (a 64-bit value had spilled, reloaded each
+//   piece). In GQA's wide kernel the same freedom turns the tile loop's compares into uniform compares moved
+//   into predicates (+18 SASS instructions in the loop), and G2 runs 5 us slower. With P packed apart, as
+//   before, ptxas had also used the room to copy 16 registers into the PV operand each tile (G2 93.5 us).
 // Per-CTA clocks of the first segment after these changes, us (G1 / G2 / G5 / M1 / M2 / M4): the two scans
 // 2.2 / 2.5 / 2.4 / 2.3 / 2.6 / 2.5 (1.1-1.4 each, even for one request), then to the segment 2.3 / 2.4 / 2.5 /
 // 1.9 / 2.0 / 2.3, Q landed 1.6 / 1.6 / 1.6 / 1.5 / 1.7 / 2.4 later, the first tile 2.1-3.7 after the segment's

@@ -299,8 +299,6 @@ struct TreeVerifyCta {
       mbarrier_arrive(empty_k + buf);  // K of tile kt is read: its buffer may take the next
       float corrections[2];
       const bool rescale = softmax_tile(r, kt, masked, warp_sees, vis, s, m_run, l_run, corrections);
-      uint32_t p_cur[C::kBlockN / 16][4];
-      p_fragments(s, p_cur);
       // ptxas hoists a wait above independent arithmetic, which would leave no softmax to overlap the PV GEMM
       // with: a barrier that reduces the row sums (every probability) keeps the softmax before the wait.
       barrier_after(l_run[0] + l_run[1]);
@@ -308,11 +306,8 @@ struct TreeVerifyCta {
       fence_registers<NO * 4>(&o[0][0]);
       fence_registers<C::kBlockN / 16 * 4>(&p_prev[0][0]);
       if (kt > kt0) mbarrier_arrive(empty_v + prev);
+      p_fragments(s, p_prev);  // packed in place once the PV GEMM that read the previous P is done
       rescale_o(o, corrections, rescale);
-#pragma unroll
-      for (int kk = 0; kk < C::kBlockN / 16; ++kk)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) p_prev[kk][e] = p_cur[kk][e];
       v_prev = sV + buf * kVTileElems;
     }
     // PV of the last tile (of zeros by zeros in an empty segment).

@@ -2,6 +2,8 @@
 // The algorithm is described in tree_verify_cta.cuh.
 #pragma once
 
+#include <type_traits>
+
 #include "tree_verify_loads.cuh"
 #include "tree_verify_stores.cuh"
 
@@ -18,10 +20,14 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
       p, piece_start, piece_start + p.batch + 1, reinterpret_cast<PieceSplit*>(piece_start + 2 * (p.batch + 1)));
   zero_padding_rows<typename C::T>(p, C::kDv);  // after the schedule: qo_indptr is then in cache
 
-  const long long pieces_total = sched.pieces;
-  const long long per_cta = (pieces_total + gridDim.x - 1) / gridDim.x;
-  const long long q_begin = blockIdx.x * per_cta;
-  const long long q_end = min(q_begin + per_cta, pieces_total);
+  // The piece indices' width is a register-allocation choice, measured (tile_configs.h): in 32 bits ptxas keeps
+  // the piece loop's control in warp-uniform registers, which frees the paired kernel's math warps of spills
+  // but slows GQA's loops. 32 bits hold them: they number at most grid + row tiles, which the host checks.
+  using PieceIndex = std::conditional_t<C::kPairedTiles, int, long long>;
+  const PieceIndex pieces_total = static_cast<PieceIndex>(sched.pieces);
+  const PieceIndex per_cta = (pieces_total + gridDim.x - 1) / gridDim.x;
+  const PieceIndex q_begin = blockIdx.x * per_cta;
+  const PieceIndex q_end = min(q_begin + per_cta, pieces_total);
   if (q_begin >= q_end) return;
 
   TreeVerifyCta<C> cta(p, smem);
@@ -30,12 +36,12 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
   auto for_each_piece = [&](auto&& segment) {
     int b = find_request(sched.piece_start, p.batch, q_begin);
     int tiles_before = 0;
-    for (long long q = q_begin; q < q_end; ++q) {
+    for (PieceIndex q = q_begin; q < q_end; ++q) {
       while (sched.piece_start[b + 1] <= q) ++b;
       const RequestInfo r = request_info<C::kBlockM, C::kBlockN>(p, b);
       const PieceSplit cut = sched.cut[b];
       const int splits = cut.pieces, chunk = cut.chunk;
-      const long long local = q - sched.piece_start[b];
+      const PieceIndex local = q - static_cast<PieceIndex>(sched.piece_start[b]);
       const int rt = static_cast<int>(local / splits);  // row tile within the request: (head, m tile)
       const int split = static_cast<int>(local % splits);
       const int kt0 = split * chunk, kt1 = min(r.n_tiles, kt0 + chunk);  // kt0 < n_tiles unless n_tiles = 0
