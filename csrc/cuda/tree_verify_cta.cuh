@@ -192,7 +192,7 @@ struct TreeVerifyCta {
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
       const int packed = m0 + wm * 16 + (lane >> 2) + 8 * half;
-      mask_row[half] = packed < r.tree_len * p.group
+      mask_row[half] = packed < r.rows
                            ? p.tree_mask + (r.qo_start + packed / p.group) * p.mask_row_stride
                            : nullptr;
     }
@@ -872,10 +872,17 @@ struct TreeVerifyCta {
     }
   }
 
-  // Offset in `out` of packed row `packed`: token packed / G, query head h * G + packed % G.
+  // The query of packed row `packed` of KV head h: token packed / G of the request, query head h * G + packed % G.
+  struct QueryRow {
+    int token, head;
+  };
+  __device__ QueryRow query_row(const RequestInfo& r, int h, int packed) const {
+    return {r.qo_start + packed / p.group, h * p.group + packed % p.group};
+  }
+  // Offset in `out` of packed row `packed`.
   __device__ int64_t out_offset(const RequestInfo& r, int h, int packed) const {
-    return (static_cast<int64_t>(r.qo_start + packed / p.group) * p.num_q_heads + h * p.group + packed % p.group) *
-           C::kDv;
+    const QueryRow row = query_row(r, h, packed);
+    return (static_cast<int64_t>(row.token) * p.num_q_heads + row.head) * C::kDv;
   }
 
   // The epilogue (tree_verify_stores.cuh). O, normalized, is staged in the K/V buffers in T.

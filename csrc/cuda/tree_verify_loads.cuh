@@ -13,9 +13,9 @@ __device__ void TreeVerifyCta<C>::load_q(const RequestInfo& r, int h, int m0) {
   copy_rows<C::kBlockM, C::kChunksQK, C::kMathThreads>(
       [&](int row) -> const T* {
         const int packed = m0 + row;
-        if (packed >= r.tree_len * p.group) return nullptr;
-        return static_cast<const T*>(p.q) + (r.qo_start + packed / p.group) * p.q_row_stride +
-               (h * p.group + packed % p.group) * p.q_head_stride;
+        if (packed >= r.rows) return nullptr;
+        const QueryRow query = query_row(r, h, packed);
+        return static_cast<const T*>(p.q) + query.token * p.q_row_stride + query.head * p.q_head_stride;
       },
       sQ, tid);
 }

@@ -89,7 +89,7 @@ __device__ void TreeVerifyCta<C>::store_output(const RequestInfo& r, int h, int 
 #pragma unroll
   for (int pass = 0; pass < C::kBlockM / kRowsPerPass; ++pass) {
     const int row = tid / 8 + pass * kRowsPerPass;
-    if (m0 + row >= r.tree_len * p.group) break;  // padding rows of the tile, and so are this thread's next
+    if (m0 + row >= r.rows) break;  // padding rows of the tile, and so are this thread's next
     T* const dst = out + out_offset(r, h, m0 + row);
 #pragma unroll
     for (int j = 0; j < kChunks / 8; ++j) {
@@ -219,7 +219,7 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
         for (int e = 0; e < 8; ++e) acc[i][e] = acc[i][e] * keep + w * v[e];
       }
     }
-    if (m0 + row0 + row < r.tree_len * p.group) {  // else a padding row of the tile
+    if (m0 + row0 + row < r.rows) {  // else a padding row of the tile
       const float inv = weight_sum > 0.f ? 1.f / weight_sum : 0.f;  // nothing visible: zeros
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i)

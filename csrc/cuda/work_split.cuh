@@ -13,6 +13,7 @@ namespace kdtree::cuda {
 struct RequestInfo {
   int qo_start;    // first query row
   int tree_len;    // T_b
+  int rows;        // packed query rows per KV head: T_b * G
   int prefix_len;  // L_b
   int kv_len;      // L_b + T_b: keys [0, L_b) are the prefix, [L_b, kv_len) the draft tokens
   int kv_start;    // first entry in kv_indices
@@ -33,7 +34,8 @@ __device__ __forceinline__ RequestInfo request_info(const TreeVerifyParams& p, i
   r.kv_start = kv0;
   r.kv_len = p.k_draft == nullptr ? slots : slots + r.tree_len;
   r.prefix_len = max(r.kv_len - r.tree_len, 0);
-  r.m_tiles = r.tree_len == 0 ? 0 : (r.tree_len * p.group + kBlockM - 1) / kBlockM;
+  r.rows = r.tree_len * p.group;
+  r.m_tiles = r.tree_len == 0 ? 0 : (r.rows + kBlockM - 1) / kBlockM;
   r.n_tiles = (r.kv_len + kBlockN - 1) / kBlockN;
   return r;
 }
