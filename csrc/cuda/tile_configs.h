@@ -139,6 +139,13 @@
 //   all sixteen of a tile at once (registers)                      29  98 108  81  88
 //   setmaxnreg 48 for the gatherers does not fit: the launch gives 168 registers a thread, 64512 a CTA, exactly
 //   256 x 232 + 128 x 40, so the math warps' claim of 232 never returns (the kernel hangs).
+//   Later: the gatherers keep 56 registers and the math warps 224 (256 x 224 + 128 x 56 = 64512; the narrow
+//   tiles' 128 math threads 200). At 40, ptxas had spilled in the copy loops (9 and 7 local loads per tile in
+//   the wide kernel's K and V loops, 3 each in the narrow one's); at 56 they spill nothing and are 16
+//   instructions shorter, and the math loops keep their length with no spills (MLA's too). Same run, us, three
+//   repetitions' means (G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
+//     40 / 232    23.3 86.2 100.4 78.8 83.1 / 38.3 143.3 140.2 56.1 249.0
+//     56 / 224    23.1 81.0  95.1 75.8 76.1 / 37.8 142.7 140.7 56.2 248.5   (kept)
 //   tried after: a third V buffer (a V buffer is held a tile longer than a K buffer; the zero tile shrunk to one
 //   64-column block read as every block, descriptor block stride 0, to make room). GPU suite, G1-G5:
 //   31.7 / 90.7 / 104.5 / 82.0 / 86.4 us against 30.0 / 91.5 / 103.8 / 81.1 / 87.2 without; not kept.

@@ -36,14 +36,20 @@ struct TreeVerifyConfig {
   static constexpr int kThreads = kMathThreads + kLoadThreads;
   // Warp-specialized CTAs split the registers: the gatherers release all but kLoadRegs, the math warps take
   // them. One CTA per SM, or two where a single math warpgroup's shared memory allows (the narrow tiles).
+  // setmaxnreg moves registers within what the launch gave the CTA: kThreads x the per-thread count that
+  // __launch_bounds__ allows (a multiple of 8), e.g. 384 x 168 = 64512, not the SM's 65536. A claim beyond it
+  // never returns.
   static constexpr int kCtasPerSm = kLoadThreads > 0 && kMathThreads == 128 ? 2 : 1;
-  static constexpr int kLoadRegs = 40;
-  static constexpr int kMathRegs = (65536 / kCtasPerSm - kLoadThreads * kLoadRegs) / kMathThreads / 8 * 8;
+  static constexpr int kCtaRegs = 65536 / kCtasPerSm / kThreads / 8 * 8 * kThreads;
+  static constexpr int kLoadRegs = 56;  // the gatherers' copy loops spilled at 40 (tile_configs.h)
+  static constexpr int kMathRegs = (kCtaRegs - kLoadThreads * kLoadRegs) / kMathThreads / 8 * 8;
   static constexpr int kKeysPerWarp = kPairedTiles ? kBlockN : kBlockN / kWarpsN;  // S phase
   static constexpr int kDvPerWarp = kDv / kWarpsN;        // PV phase
   static constexpr int kChunksQK = kDqk / 8, kChunksV = kDv / 8;
   static_assert(kBlockM % 16 == 0 && kBlockN % 16 == 0 && kBlockN <= kMathThreads, "tile shape");
-  static_assert(kLoadThreads == 0 || (kBlockN <= kLoadThreads && kMathRegs <= 256), "gathering warpgroup");
+  static_assert(kLoadThreads == 0 || (kBlockN <= kLoadThreads && kMathRegs <= 256 &&
+                                      kMathThreads * kMathRegs + kLoadThreads * kLoadRegs <= kCtaRegs),
+                "gathering warpgroup");
   static_assert(kWarpsN == 1 || kBlockN <= 64, "the P exchange holds 64 keys");
   static_assert(kWarpsM % 4 == 0, "whole warpgroups of 16-row warps");
   static_assert(!kPairedTiles || (kWgmma && kWarpsN == 2 && kWarpsM == 4 && !kVTile && kBlockN == 64 &&
