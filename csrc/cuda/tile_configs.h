@@ -213,7 +213,7 @@
 // 1.9 / 2.0 / 2.3, Q landed 1.6 / 1.6 / 1.6 / 1.5 / 1.7 / 2.4 later, the first tile 2.1-3.7 after the segment's
 // start, then about 2.0-2.4 a tile; publishing a split piece 4.0 / 4.2 / 4.1 / 5.0 / 5.5 / 4.8 and merging a
 // slice 2.8 / 3.5 / 4.5 / 4.5 / 5.4 / 5.6. A graph replay of one call takes 1.3-2.1 us more than the kernel.
-// Next: GQA, the copies of G2 take about 89 us in the kernel against the probe's 56 (per-CTA clocks of the
+// Next: GQA, G2 takes about 81 us (its copies without spills) against the probe's 55 (per-CTA clocks of the
 // copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
 // which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
 // shared memory per tile (Q's 72 KB is read by every S GEMM). Every split workload: the rest of the fixed costs
