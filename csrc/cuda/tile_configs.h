@@ -146,6 +146,12 @@
 //   repetitions' means (G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
 //     40 / 232    23.3 86.2 100.4 78.8 83.1 / 38.3 143.3 140.2 56.1 249.0
 //     56 / 224    23.1 81.0  95.1 75.8 76.1 / 37.8 142.7 140.7 56.2 248.5   (kept)
+//   Another run:
+//     56 / 224    23.8 81.4  94.5 74.6 76.1 / 38.5 141.4 140.0 56.3 248.6
+//     64 / 216    24.3 81.8  94.6 75.8 78.4 / 39.3 146.2 144.6 57.8 254.7
+//     72 / 216, each copier finding a tile's 16 row sources at once (at 56 registers that spilled)
+//                 24.4 82.9  93.5 75.3 79.2 / 39.5 146.2 144.7 57.9 255.4
+//   The math warps need their 224: at 216 MLA runs 4-7 us slower (M2, M3, M5) and G5 2 us.
 //   tried after: a third V buffer (a V buffer is held a tile longer than a K buffer; the zero tile shrunk to one
 //   64-column block read as every block, descriptor block stride 0, to make room). GPU suite, G1-G5:
 //   31.7 / 90.7 / 104.5 / 82.0 / 86.4 us against 30.0 / 91.5 / 103.8 / 81.1 / 87.2 without; not kept.
