@@ -96,9 +96,10 @@ __device__ __forceinline__ PieceSplit piece_split(const RequestInfo& r, long lon
   // In 32 bits when the operands fit, as they do for any practical batch: this code runs once per call, from a
   // cold instruction cache, and a 64-bit division is a subroutine of about 70 instructions.
   const long long numerator = static_cast<long long>(r.n_tiles) * grid;
-  const long long share = units <= 0                               ? 1
-                          : (numerator | units) <= 0xffffffffll ? static_cast<uint32_t>(numerator) / static_cast<uint32_t>(units)
-                                                                  : numerator / units;
+  const long long share = units <= 0 ? 1
+                          : (numerator | units) <= 0xffffffffll
+                              ? static_cast<uint32_t>(numerator) / static_cast<uint32_t>(units)
+                              : numerator / units;
   const int most = max(1, r.n_tiles / max(min_units, 1));
   const int wanted = static_cast<int>(min(max(share, 1ll), static_cast<long long>(most)));
   const int chunk = (r.n_tiles + wanted - 1) / wanted;
