@@ -219,12 +219,30 @@
 // 1.9 / 2.0 / 2.3, Q landed 1.6 / 1.6 / 1.6 / 1.5 / 1.7 / 2.4 later, the first tile 2.1-3.7 after the segment's
 // start, then about 2.0-2.4 a tile; publishing a split piece 4.0 / 4.2 / 4.1 / 5.0 / 5.5 / 4.8 and merging a
 // slice 2.8 / 3.5 / 4.5 / 4.5 / 5.4 / 5.6. A graph replay of one call takes 1.3-2.1 us more than the kernel.
-// Next: GQA, G2 takes about 81 us (its copies without spills) against the probe's 55 (per-CTA clocks of the
-// copier first: what the gatherers wait for now); MLA, the math (a softmax per tile with the tensor cores idle),
-// which the seesaw overlaps only at the cost of buffer time: more buffering than two 72 KB tiles would need less
-// shared memory per tile (Q's 72 KB is read by every S GEMM). Every split workload: the rest of the fixed costs
-// (the schedule and setup, about 1500 cold instructions with four 64-bit divisions, about 5 us; publication
-// and merge 9-12 us): shorter code there, a merge by more threads than the eight math warps.
+// The gatherers, tried after (development script, same run, three repetitions' means, us,
+// G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
+//   main                                                  23.1 81.1 95.1 75.8 75.4 / 37.9 141.8 140.0  56.0 247.4
+//   a row's gather source chosen once, not per 16-byte copy (GQA's copy loops 349 -> 285 SASS instructions,
+//     MLA's shorter too)                                  23.3 80.5 91.4 75.6 74.4 / 38.7 150.9 146.7  56.4 261.2
+//   another run: main                                     23.2 81.1 94.5 74.3 76.0 / 37.7 141.7 140.6  56.2 248.0
+//   kv_indices read two tiles ahead, rows formed a tile ahead
+//                                                         23.7 84.7 97.8 76.3 79.1 / 37.8 143.9 141.0  56.5 247.6
+//   the same, GQA's copiers arriving on their copies (cp.async.mbarrier.arrive, the math warps fencing) instead
+//     of waiting for them, so two tiles of each side are in flight
+//                                                         23.5 88.2 96.7 76.6 82.6 / 37.9 143.4 141.6  56.7 248.5
+//   None kept. Shorter copy loops gain GQA little and cost MLA 6-9 %; reads issued earlier and more copies in
+//   flight make G2 and G5 slower. ncu's source-level samples of main (G2, G5) say why the copiers are not the
+//   lever: the math warps' tile loop holds half of all warp samples (two thirds of the warps are math warps),
+//   stalled on fixed-latency dependencies (31-35 % of its samples), the named barriers of the turns and
+//   barrier_after (14-18 %) and the wait for a landed tile (8-14 %). The K copier stalls mostly on its read of
+//   the next tile's kv_indices (behind the tile's copies), the V copier on a free buffer, then on its copies.
+//   And G2 and G5 are math as much as loads: each multiplies 34-35 GFLOP, 48.5 and 49.9 us at the matmul rate
+//   the suite measures (G2's memory floor, 49.0 us, is as long); 72 and 74 us ask for two thirds of that rate
+//   while gathering. Next for them: the math loop's latency (its softmax between the GEMMs), not the copies.
+// Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
+// four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
+// than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw
+// overlaps only at the cost of buffer time.
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:

@@ -193,7 +193,7 @@ struct TreeVerifyCta {
     for (int half = 0; half < 2; ++half) {
       const int packed = m0 + wm * 16 + (lane >> 2) + 8 * half;
       mask_row[half] = packed < r.rows
-                           ? p.tree_mask + (r.qo_start + packed / p.group) * p.mask_row_stride
+                           ? p.tree_mask + query_row(r, h, packed).token * p.mask_row_stride
                            : nullptr;
     }
 
