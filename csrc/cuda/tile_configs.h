@@ -231,14 +231,21 @@
 //     of waiting for them, so two tiles of each side are in flight
 //                                                         23.5 88.2 96.7 76.6 82.6 / 37.9 143.4 141.6  56.7 248.5
 //   None kept. Shorter copy loops gain GQA little and cost MLA 6-9 %; reads issued earlier and more copies in
-//   flight make G2 and G5 slower. ncu's source-level samples of main (G2, G5) say why the copiers are not the
-//   lever: the math warps' tile loop holds half of all warp samples (two thirds of the warps are math warps),
-//   stalled on fixed-latency dependencies (31-35 % of its samples), the named barriers of the turns and
-//   barrier_after (14-18 %) and the wait for a landed tile (8-14 %). The K copier stalls mostly on its read of
-//   the next tile's kv_indices (behind the tile's copies), the V copier on a free buffer, then on its copies.
-//   And G2 and G5 are math as much as loads: each multiplies 34-35 GFLOP, 48.5 and 49.9 us at the matmul rate
-//   the suite measures (G2's memory floor, 49.0 us, is as long); 72 and 74 us ask for two thirds of that rate
-//   while gathering. Next for them: the math loop's latency (its softmax between the GEMMs), not the copies.
+//   flight make G2 and G5 slower. ncu's source-level samples of main (G2, G5): the math warps' tile loop holds
+//   half of all warp samples (two thirds of the warps are math warps), stalled on fixed-latency dependencies
+//   (31-35 % of its samples), the named barriers of the turns and barrier_after (14-18 %) and the wait for a
+//   landed tile (8-14 %). The K copier stalls mostly on its read of the next tile's kv_indices (behind the
+//   tile's copies), the V copier on a free buffer, then on its copies. The math alone (the gatherers copy
+//   nothing, every hand-off kept; timed without the correctness check), another run:
+//     main                                                23.1 80.8 95.4 75.6 74.8 / 38.5 142.3 139.5  56.1 246.2
+//     the math alone                                      21.6 67.8 65.8 43.2 68.3 / 36.6 146.5 142.0  51.7 256.6
+//   So G2 and G5 would meet their targets if the tiles landed in time: the copies add 13 and 6.5 us, as the
+//   math warps' waits for landed tiles. Not through the copiers' issue rate (shorter loops, earlier index reads
+//   gain nothing) nor through too few copies in flight (more made them slower): the gathers alone take 55.8 us
+//   for G2 (the probe), against 67.8 us of math, so they must overlap almost wholly. G2 and G5 each multiply
+//   34-35 GFLOP, 48.5 and 49.9 us at the matmul rate the suite measures: the math alone runs at about 72 % of it.
+//   MLA is bound by its math (no faster with no copies); G1 and M1, 21.6 and 36.6 us with no copies, by their
+//   math and fixed costs.
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
 // than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw
