@@ -230,13 +230,15 @@
 //   the same, GQA's copiers arriving on their copies (cp.async.mbarrier.arrive, the math warps fencing) instead
 //     of waiting for them, so two tiles of each side are in flight
 //                                                         23.5 88.2 96.7 76.6 82.6 / 37.9 143.4 141.6  56.7 248.5
+//   the same for the K copier only (V as main), two repetitions, against main's 23.2 80.9 95.7 75.8 75.5 / 37.4
+//     142.3 140.9 56.3 248.8 in the same run            23.5 87.9 98.0 76.3 83.0 / 38.2 143.6 141.9  57.0 248.9
 //   None kept. Shorter copy loops gain GQA little and cost MLA 6-9 %; reads issued earlier and more copies in
-//   flight make G2 and G5 slower. ncu's source-level samples of main (G2, G5): the math warps' tile loop holds
-//   half of all warp samples (two thirds of the warps are math warps), stalled on fixed-latency dependencies
-//   (31-35 % of its samples), the named barriers of the turns and barrier_after (14-18 %) and the wait for a
-//   landed tile (8-14 %). The K copier stalls mostly on its read of the next tile's kv_indices (behind the
-//   tile's copies), the V copier on a free buffer, then on its copies. The math alone (the gatherers copy
-//   nothing, every hand-off kept; timed without the correctness check), another run:
+//   flight make G2 and G5 slower, K's copies alone as much as both sides'. ncu's source-level samples of main (G2,
+//   G5): the math warps' tile loop holds half of all warp samples (two thirds of the warps are math warps), stalled
+//   on fixed-latency dependencies (31-35 % of its samples), the named barriers of the turns and barrier_after
+//   (14-18 %) and the wait for a landed tile (8-14 %). The K copier stalls mostly on its read of the next tile's
+//   kv_indices (behind the tile's copies), the V copier on a free buffer, then on its copies. The math alone (the
+//   gatherers copy nothing, every hand-off kept; timed without the correctness check), another run:
 //     main                                                23.1 80.8 95.4 75.6 74.8 / 38.5 142.3 139.5  56.1 246.2
 //     the math alone                                      21.6 67.8 65.8 43.2 68.3 / 36.6 146.5 142.0  51.7 256.6
 //   So G2 and G5 would meet their targets if the tiles landed in time: the copies add 13 and 6.5 us, as the
