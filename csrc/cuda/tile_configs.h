@@ -233,8 +233,8 @@
 //   the same for the K copier only (V as main), two repetitions, against main's 23.2 80.9 95.7 75.8 75.5 / 37.4
 //     142.3 140.9 56.3 248.8 in the same run            23.5 87.9 98.0 76.3 83.0 / 38.2 143.6 141.9  57.0 248.9
 //   and another run (G1-G5, two repetitions): main 23.2 80.4 95.1 75.6 75.1; the K copier only, as above 23.5 87.4
-//   97.4 76.2 80.7; the same with the slots read a tile ahead as on main 23.4 88.6 97.9 76.5 79.8; the same as
-//   above without the math warps' proxy fence after the K wait (racy, timed only) 23.5 87.8 96.9 76.0 80.4. So
+//   97.4 76.2 80.7; the same with the slots read a tile ahead as on main 23.4 88.6 97.9 76.5 79.8; the K copier
+//   only without the math warps' proxy fence after the K wait (racy, timed only) 23.5 87.8 96.9 76.0 80.4. So
 //   neither the earlier reads nor the fence cost the time; what is left is the K copier's arrival on its copies
 //   (with the slot / row split that these variants share, a cost of its own not measured apart).
 //   None kept. Shorter copy loops gain GQA little and cost MLA 6-9 %; reads issued earlier and more copies in
