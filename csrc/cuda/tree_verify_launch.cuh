@@ -61,7 +61,7 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   // allocation in a captured graph's pool. Sizes in floats; every part starts on a 16-byte boundary (BLOCK_M
   // is a multiple of 64).
   const int64_t partial_floats = slots * C::kBlockM * (C::kDv / 2 + 1);
-  const int64_t schedule_floats = static_cast<int64_t>(grid) * 3 * (p.batch + 1) * 2;  // int64 = 2 floats
+  const int64_t schedule_floats = static_cast<int64_t>(grid) * kScheduleArrays * (p.batch + 1) * 2;  // 2 floats a word
   const int64_t counters = row_tiles * TreeVerifyCta<C>::kSlices;
   at::Tensor workspace = at::empty({partial_floats + schedule_floats + counters}, q.options().dtype(at::kFloat));
   float* base = workspace.data_ptr<float>();

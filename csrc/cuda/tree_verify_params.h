@@ -47,7 +47,7 @@ struct TreeVerifyParams {
   void* partial_out;       // [pieces bound, BLOCK_M, Dv] of q's dtype: normalized partial outputs of split row tiles
   float* partial_lse;      // [pieces bound, BLOCK_M]: their log2-sum-exp
   int* row_tile_counters;  // [>= row tile bound, slices]: arrivals per slice of a split row tile, zeroed per launch
-  long long* schedule;     // [grid, 3 * (B+1)]: each CTA's copy of the piece and row-tile prefix sums and cuts
+  long long* schedule;     // [grid, kScheduleArrays * (B+1)]: each CTA's work split (work_split.cuh)
   int min_units_per_cta;   // a piece has at least this many KV tiles (bounds split overhead)
 };
 

@@ -106,13 +106,18 @@ __device__ __forceinline__ PieceSplit piece_split(const RequestInfo& r, long lon
   return chunk > 0 ? PieceSplit{(r.n_tiles + chunk - 1) / chunk, chunk} : PieceSplit{1, 0};
 }
 
-// The work split as every CTA derives it, in the CTA's own part of the workspace.
+// The work split as every CTA derives it, in the CTA's own part of the workspace: kScheduleArrays arrays of
+// B+1 int64 words, piece_start, then tile_start, then cut (a PieceSplit per word).
 struct Schedule {
   long long* piece_start;  // [B+1] first piece of each request
   long long* tile_start;   // [B+1] first row tile of each request
   PieceSplit* cut;         // [B] how each request's row tiles are cut
   long long pieces;        // pieces of the whole batch
 };
+
+static_assert(sizeof(PieceSplit) == sizeof(long long) && alignof(PieceSplit) <= alignof(long long),
+              "a cut takes one word of the schedule");
+constexpr int kScheduleArrays = 3;
 
 template <int kThreads, int kBlockM, int kBlockN>
 __device__ Schedule build_schedule(const TreeVerifyParams& p, long long* piece_start, long long* tile_start,
