@@ -3,9 +3,9 @@
 // (one per CTA), 16-byte cp.async copies of rows found through random slots into 128-byte-swizzled tiles,
 // eight threads per row, row pointers read a tile ahead, two groups of 64 threads with one tile in flight
 // each (G2: the K tiles and the V tiles, as the GQA kernel; M2: the even and the odd 64-key tiles of the latent
-// cache, as the MLA kernel gathered them before its 128 gatherers became one stream, produce_stream). The time
-// is a floor for the kernels' loads alone. For M2 it also times one TMA box per (row, 128-byte chunk), the
-// only way TMA (which has no gather on sm_90) can fill the same tiles.
+// cache, as the MLA kernel gathered them before its 128 gatherers became one stream). The time is a floor for the
+// kernels' loads alone. For M2 it also times one TMA box per (row, 128-byte chunk), the only way TMA (which has
+// no gather on sm_90) can fill the same tiles.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a examples/gather_probe.cu -o gather_probe && ./gather_probe
 #include <cuda.h>

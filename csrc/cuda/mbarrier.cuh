@@ -19,12 +19,6 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-// An arrival once all of this thread's earlier cp.async copies have landed; the thread goes on at once. The
-// copies are generic-proxy writes: a thread that waits on the barrier and then reads them with wgmma fences first
-// (fence_proxy_async).
-__device__ __forceinline__ void mbarrier_arrive_on_copies(uint64_t* bar) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_addr(bar)) : "memory");
-}
 // Acquire: returns once the phase of this parity has completed.
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
   asm volatile(
@@ -47,7 +41,6 @@ __device__ __forceinline__ void claim_registers() {
 #else
 __device__ __forceinline__ void mbarrier_init(uint64_t*, int) {}
 __device__ __forceinline__ void mbarrier_arrive(uint64_t*) {}
-__device__ __forceinline__ void mbarrier_arrive_on_copies(uint64_t*) {}
 __device__ __forceinline__ void mbarrier_wait(uint64_t*, uint32_t) {}
 template <int kRegs>
 __device__ __forceinline__ void release_registers() {}

@@ -158,7 +158,7 @@
 // MLA, tried: K tiles landing in 64-column blocks with a full barrier each (cp.async.mbarrier.arrive.noinc, the
 // S GEMM issued block by block as they land) and warpgroup 1 handing A back before its S of B. M1 M2 M3 M4 M5:
 // 47 184 186 76 306 before, 52 192 180 79 304 with it; not kept.
-// MLA, one stream of copies (produce_stream): all 128 gatherers copy each tile, in the order the buffers come
+// MLA, one stream of copies (produce, paired tiles): all 128 gatherers copy each tile, in the order the buffers come
 // back, and arrive on its full barrier when their copies land (cp.async.mbarrier.arrive.noinc; the math warps
 // fence after the wait), where two groups of 64 each filled one buffer and waited for their copies.
 // Development script, same run (us, M1 M2 M3 M4 M5 / G1 G2 G3 G4 G5):
@@ -166,6 +166,9 @@
 //   one stream of 128, GQA too (K then V of each tile)     46 160 159  69 266 / 29  99 105  81  95
 //   kept: the stream for MLA, GQA's two groups (next run)  44 161 161  70 265 / 30  91 105  79  87
 //   M2's math alone (the gatherers copy nothing): 151, so the copies now cost about 10 us of M2's 161.
+//   later, the stream's gatherers waiting for their own copies, fencing and arriving, as GQA's copiers do (one
+//   landed signal and one producer loop for both kernels), same run, three repetitions' means (M1 M2 M3 M4 M5):
+//   39.1 146.6 140.8 56.6 249.1 on cp.async.mbarrier.arrive, 39.4 146.0 140.1 57.0 246.6 waiting (kept).
 // MLA, tried: FlashMLA's seesaw schedule in run_tiles_paired (warpgroup 0's softmax of A runs during S of B;
 // warpgroup 1's softmax of B against A's maxima during warpgroup 0's P V of A from registers; P_A moved to B's
 // maxima before it is shared, so warpgroup 1 issues both of its PV GEMMs with no rescale between; each S issued
@@ -253,6 +256,14 @@
 //   34-35 GFLOP, 48.5 and 49.9 us at the matmul rate the suite measures: the math alone runs at about 72 % of it.
 //   MLA is bound by its math (no faster with no copies); G1 and M1, 21.6 and 36.6 us with no copies, by their
 //   math and fixed costs.
+//   The loads alone (no GEMMs; every hand-off, the softmax of zeros and the epilogue kept; timed without the
+//   correctness check), another run, three repetitions' means:
+//     main                                                23.0 81.0 95.9 75.6 75.5 / 39.1 146.6 140.8  56.6 249.1
+//     the loads alone                                     19.3 75.4 87.2 73.7 64.4 / 28.2  93.8  92.8  45.4 122.5
+//   G2's loads alone take 75 us, over its target of 72: the gather (55.8 us in the probe) and the fixed costs
+//   bound it. G5's take 64.4 us alone, its math 68.3 (the run above), 75.5 us together. G1's both exceed 14 us.
+//   tried in the same run: the V wait inside the tensor-core turn, between the S and PV issues (FlashAttention
+//   3's order): G 23.0 81.4 96.5 76.2 75.8, the same as main; not kept.
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
 // than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw

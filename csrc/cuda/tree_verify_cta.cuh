@@ -55,10 +55,9 @@ struct TreeVerifyCta {
   T* sZero;
   T* sP;
   float* sRed;
-  // Warp-specialized CTAs: per K and per V buffer, "full" (its copiers' copies landed: kLoadThreads / 2
-  // arrivals; paired tiles: kLoadThreads arrivals on copies) and "empty" (the math warps are done reading it;
-  // kMathThreads arrivals). Paired tiles have no V tiles: their full_v[x] announces the P of the pair's tile x
-  // (run_tiles_paired).
+  // Warp-specialized CTAs: per K and per V buffer, "full" (its copiers' copies landed: kCopiersPerSide arrivals)
+  // and "empty" (the math warps are done reading it; kMathThreads arrivals). Paired tiles have no V tiles: their
+  // full_v[x] announces the P of the pair's tile x (run_tiles_paired).
   uint64_t* full_k;
   uint64_t* full_v;
   uint64_t* empty_k;
@@ -95,8 +94,8 @@ struct TreeVerifyCta {
     if constexpr (C::kLoadThreads > 0) {
       if (tid == 0)
         for (int s = 0; s < C::kStages; ++s) {
-          mbarrier_init(full_k + s, C::kPairedTiles ? C::kLoadThreads : C::kLoadThreads / 2);
-          mbarrier_init(full_v + s, C::kPairedTiles ? C::kMathThreads / 2 : C::kLoadThreads / 2);
+          mbarrier_init(full_k + s, kCopiersPerSide);
+          mbarrier_init(full_v + s, C::kPairedTiles ? C::kMathThreads / 2 : kCopiersPerSide);
           mbarrier_init(empty_k + s, C::kMathThreads);
           mbarrier_init(empty_v + s, C::kMathThreads);
         }
@@ -350,7 +349,7 @@ struct TreeVerifyCta {
       const bool warp_sees = kt < kt1 && (!masked || tile_visibility(r, kt, mask_row, vis));
       float s[NS][4];
       auto issue_own_s = [&] {
-        wait_landed(full_k + wg, parity);
+        mbarrier_wait(full_k + wg, parity);
         issue_qk(sK + wg * kKTile, s);
       };
       // The owner's softmax of its tile against the previous tile's reference maxima (m_run: warpgroup 0's O is
@@ -411,26 +410,30 @@ struct TreeVerifyCta {
     }
   }
 
-  // The gathering warpgroup's side of a segment (run_tiles_overlapped, run_tiles_paired).
+  // The gatherers that fill the K tiles (and as many the V tiles).
+  static constexpr int kCopiersPerSide = C::kPairedTiles ? C::kLoadThreads : C::kLoadThreads / 2;
+
+  // The gathering warpgroup's side of a segment (run_tiles_overlapped, run_tiles_paired). With V tiles, two
+  // groups of two warps, each on its own: the first copies the K tiles, the second the V tiles (a K tile never
+  // waits for a V tile's copies or buffer; one stream of all gatherers, K then V of each tile: G2 90 -> 99 us,
+  // G5 86 -> 95). Paired tiles have no V tiles: all four warps copy the K tiles, in the order the buffers come
+  // back (two groups of 64, one per buffer: M2 183 -> 160 us, M5 306 -> 265 as one stream).
   __device__ void produce_tiles(const Segment& sg) {
     const int g = tid - C::kMathThreads;  // 0 .. kLoadThreads - 1
     if constexpr (C::kPairedTiles) {
-      produce_stream(sg, g);
+      produce<kCopiersPerSide, false>(sg, g);
     } else {
-      constexpr int kCopiers = C::kLoadThreads / 2;
-      if (g < kCopiers) produce_side<false>(sg, g);
-      else produce_side<true>(sg, g - kCopiers);
+      if (g < kCopiersPerSide) produce<kCopiersPerSide, false>(sg, g);
+      else produce<kCopiersPerSide, true>(sg, g - kCopiersPerSide);
     }
   }
 
-  // With V tiles: two groups of two warps, each on its own. The first copies the K tiles of kt0 .. kt1 - 1, the
-  // second their V tiles, into buffer t % STAGES (a K tile never waits for a V tile's copies or buffer). A copier
-  // waits for its own copies, makes them visible to the tensor cores' reads (fence_proxy_async) and arrives on
-  // the full barrier. (One stream of all gatherers, K then V of each tile: G2 90 -> 99 us, G5 86 -> 95.)
-  template <bool kV>
-  __device__ __forceinline__ void produce_side(const Segment& sg, int copier) {
-    constexpr int kCopiers = C::kLoadThreads / 2, kRowsEach = C::kBlockN / kCopiers;
-    static_assert(C::kBlockN % kCopiers == 0, "copiers tile the keys");
+  // kCopiers gatherers (`copier` is this one's index) fill the K (kV: V) buffers: tile t of the CTA into buffer
+  // t % STAGES, zeros past kt1 (a missing last B of paired tiles). Each copier waits for its own copies, makes
+  // them visible to the tensor cores' reads (fence_proxy_async) and arrives on the full barrier.
+  template <int kCopiers, bool kV>
+  __device__ __forceinline__ void produce(const Segment& sg, int copier) {
+    constexpr int kRowsEach = (C::kBlockN + kCopiers - 1) / kCopiers;
     constexpr int kTileElems = C::kBlockN * (kV ? C::kDv : C::kDqk);
     T* const tiles = kV ? sV : sK;
     const T** const slots = kV ? sVRow : sKRow;
@@ -438,71 +441,37 @@ struct TreeVerifyCta {
     uint64_t* const empty = kV ? empty_v : empty_k;
     const RequestInfo& r = sg.r;
     const int kt0 = sg.kt0, kt1 = sg.kt1;
-    // Where this copier's keys of tile kt are: read a tile ahead, so the index reads hide behind the copies.
+    // This copier's keys of a tile: copier + e * kCopiers for e < kRowsEach, those within the tile.
+    auto has_key = [&](int e) { return C::kBlockN % kCopiers == 0 || copier + e * kCopiers < C::kBlockN; };
+    // Where they are in tile kt: read a tile ahead, so the index reads hide behind the copies.
     auto rows_of = [&](int kt, const T* (&rows)[kRowsEach]) {
 #pragma unroll
       for (int e = 0; e < kRowsEach; ++e) {
-        const KeyRows kr =
-            kt < kt1 ? key_rows(r, sg.h, kt * C::kBlockN + copier + e * kCopiers) : KeyRows{nullptr, nullptr};
+        const KeyRows kr = has_key(e) && kt < kt1 ? key_rows(r, sg.h, kt * C::kBlockN + copier + e * kCopiers)
+                                                  : KeyRows{nullptr, nullptr};
         rows[e] = kV ? kr.v : kr.k;
       }
     };
     const T* next[kRowsEach];
     rows_of(kt0, next);
-    for (int kt = kt0; kt < kt1; ++kt) {
+    const int end = kt0 + C::turn_tiles(kt1 - kt0);
+    for (int kt = kt0; kt < end; ++kt) {
       const int t = sg.tiles_before + kt - kt0, buf = t % C::kStages;
-      // A slot of row pointers per buffer: it was last read two tiles ago, before the previous barrier.
+      // A slot of row pointers per buffer: it was last read STAGES tiles ago, before the previous barrier.
       const T** const rows = slots + buf * C::kBlockN;
 #pragma unroll
-      for (int e = 0; e < kRowsEach; ++e) rows[copier + e * kCopiers] = next[e];
+      for (int e = 0; e < kRowsEach; ++e)
+        if (has_key(e)) rows[copier + e * kCopiers] = next[e];
       named_barrier_sync<kCopiers>(kLoadBarrier + kV);  // the staged rows are visible to every copier
       mbarrier_wait(empty + buf, phase_parity(t) ^ 1);  // a fresh barrier's "previous phase" counts as done
       load_rows<kV ? C::kChunksV : C::kChunksQK, kCopiers>(rows, tiles + buf * kTileElems, copier);
       cp_async_commit();
       rows_of(kt + 1, next);
-      signal_landed(full + buf);
+      // This copier's copies landed: visible to wgmma, announced on `full`.
+      cp_async_wait<0>();
+      fence_proxy_async();
+      mbarrier_arrive(full + buf);
     }
-  }
-
-  // This thread's copies landed: visible to wgmma, announced on `full`.
-  __device__ __forceinline__ void signal_landed(uint64_t* full) {
-    cp_async_wait<0>();
-    fence_proxy_async();
-    mbarrier_arrive(full);
-  }
-
-  // Paired tiles: one stream of copies, the buffers in the order they come back, each tile by all kLoadThreads
-  // gatherers into buffer t % 2 (zeros past kt1) and announced on full_k once the copies land (the gatherers never
-  // wait for them; the math warps fence, wait_landed). Against two groups of 64, one per buffer, each waiting for
-  // its own copies: M2 183 -> 160 us, M5 306 -> 265 (development script).
-  __device__ __forceinline__ void produce_stream(const Segment& sg, int copier) {
-    constexpr int kCopiers = C::kLoadThreads;
-    static_assert(C::kBlockN <= kCopiers, "a gatherer finds each key's row");
-    const RequestInfo& r = sg.r;
-    const int kt0 = sg.kt0, kt1 = sg.kt1;
-    // Where key `copier` of tile kt is: read a tile ahead, so the index reads hide behind the copies.
-    auto row_of = [&](int kt) {
-      return copier < C::kBlockN && kt < kt1 ? key_rows(r, sg.h, kt * C::kBlockN + copier).k : nullptr;
-    };
-    const int end = kt0 + C::turn_tiles(kt1 - kt0);
-    const T* next = row_of(kt0);
-    for (int kt = kt0; kt < end; ++kt) {
-      const int t = sg.tiles_before + kt - kt0, buf = t % C::kStages;
-      // A slot of row pointers per buffer: tile t - STAGES's copies were issued before the previous barrier.
-      if (copier < C::kBlockN) sKRow[buf * C::kBlockN + copier] = next;
-      named_barrier_sync<kCopiers>(kLoadBarrier);          // the staged rows are visible to every gatherer
-      mbarrier_wait(empty_k + buf, phase_parity(t) ^ 1);  // a fresh barrier's "previous phase" counts as done
-      load_rows<C::kChunksQK, kCopiers>(sKRow + buf * C::kBlockN, sK + buf * (C::kBlockN * C::kDqk), copier);
-      mbarrier_arrive_on_copies(full_k + buf);
-      next = row_of(kt + 1);
-    }
-  }
-
-  // The other side of mbarrier_arrive_on_copies: the copies announced on `full` (this parity's phase) landed, and
-  // this thread's wgmma reads see them.
-  __device__ __forceinline__ void wait_landed(uint64_t* full, uint32_t parity) {
-    mbarrier_wait(full, parity);
-    fence_proxy_async();
   }
 
   // Tile t of the CTA uses buffer t % STAGES; a buffer's barriers complete one phase per use.

@@ -53,8 +53,8 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
       ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM + p.batch);
   // Pieces: sum over row tiles of max(1, floor(n_tiles * grid / units)) <= grid + row tiles.
   const int64_t slots = grid + row_tiles;
-  TORCH_CHECK(slots <= INT32_MAX, "tree_verify_attention: ", row_tiles,
-              " row tiles: too many for the work split, which indexes pieces in 32 bits");
+  TORCH_CHECK(slots <= INT32_MAX, "tree_verify_attention: ", row_tiles, " row tiles: too many for the work split, ",
+              "which indexes row tiles (and the MLA kernel its pieces) in 32 bits");
   // One allocation per call from the caching allocator (graph-pool aware): partial outputs (in T) and their
   // log-sum-exps, each CTA's schedule, then the arrival counters of each row tile's slices. Only the counters
   // need zeros, from a kernel of their own each call, where a persistent buffer would be an untracked live
