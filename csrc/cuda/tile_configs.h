@@ -260,8 +260,8 @@
 //   correctness check), another run, three repetitions' means:
 //     main                                                23.0 81.0 95.9 75.6 75.5 / 39.1 146.6 140.8  56.6 249.1
 //     the loads alone                                     19.3 75.4 87.2 73.7 64.4 / 28.2  93.8  92.8  45.4 122.5
-//   G2's loads alone take 75 us, over its target of 72: the gather (55.8 us in the probe) and the fixed costs
-//   bound it. G5's take 64.4 us alone, its math 68.3 (the run above), 75.5 us together. G1's both exceed 14 us.
+//   So G2 misses its target of 72 us even with free tensor cores: its gathers (55.8 us in the probe), softmax
+//   and fixed costs bound it. G5's take 64.4 us alone, its math 68.3 (the run above), 75.5 us together. G1's both exceed 14 us.
 //   tried in the same run: the V wait inside the tensor-core turn, between the S and PV issues (FlashAttention
 //   3's order): G 23.0 81.4 96.5 76.2 75.8, the same as main; not kept.
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
