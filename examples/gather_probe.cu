@@ -1,11 +1,11 @@
 // Gather probe: how fast the SMs gather the benchmark's K/V rows when nothing else runs. It copies the K/V
-// tiles of workloads G2 and M2 (DESIGN.md) in the tree-verify kernel's pattern: the pieces of its work split
+// tiles of workloads G2, G5 and M2 (DESIGN.md) in the tree-verify kernel's pattern: the pieces of its work split
 // (one per CTA), 16-byte cp.async copies of rows found through random slots into 128-byte-swizzled tiles,
 // eight threads per row, row pointers read a tile ahead, two groups of 64 threads with one tile in flight
-// each (G2: the K tiles and the V tiles, as the GQA kernel; M2: the even and the odd 64-key tiles of the latent
+// each (G2, G5: the K tiles and the V tiles, as the GQA kernel; M2: the even and the odd 64-key tiles of the latent
 // cache, as the MLA kernel gathered them before its 128 gatherers became one stream). The time is a floor for the
-// kernels' loads alone. For M2 it also times one TMA box per (row, 128-byte chunk), the only way TMA (which has
-// no gather on sm_90) can fill the same tiles.
+// kernels' loads alone. For G2 and G5 it also times two tiles in flight per group, for M2 one TMA box per (row,
+// 128-byte chunk), the only way TMA (which has no gather on sm_90) can fill the same tiles.
 //
 //   nvcc -O3 -std=c++17 -arch=sm_90a examples/gather_probe.cu -o gather_probe && ./gather_probe
 #include <cuda.h>
@@ -43,14 +43,15 @@ struct Pattern {
   int heads_div, pieces, piece_keys, tiles, step, offset;
 };
 
-template <int kRowBytes, int kTileRows>
+// Each group keeps kInFlight tiles in flight (its own copies, waited for by each thread: the kernel's gatherers
+// keep one).
+template <int kRowBytes, int kTileRows, int kInFlight = 1>
 __global__ void __launch_bounds__(2 * kGroupThreads) gather_cp_async(const Pattern pat, int* sink) {
   constexpr int kChunks = kRowBytes / 16, kRowsEach = kTileRows * 8 / kGroupThreads;
   extern __shared__ __align__(1024) char smem_raw[];
   char* smem = smem_raw + (1024 - smem_addr(smem_raw) % 1024) % 1024;
   const int g = threadIdx.x / kGroupThreads, c = threadIdx.x % kGroupThreads, q = c % 8;
   const int head = blockIdx.x / pat.heads_div, key0 = (blockIdx.x % pat.pieces) * pat.piece_keys;
-  char* tile = smem + g * kTileRows * kRowBytes;
   auto rows_of = [&](int t, const char* (&rows)[kRowsEach]) {
     const int first = key0 + (t * pat.step + g * pat.offset) * kTileRows;
 #pragma unroll
@@ -61,6 +62,7 @@ __global__ void __launch_bounds__(2 * kGroupThreads) gather_cp_async(const Patte
   const char* next[kRowsEach];
   rows_of(0, next);
   for (int t = 0; t < pat.tiles; ++t) {
+    char* tile = smem + (g * kInFlight + t % kInFlight) * kTileRows * kRowBytes;
 #pragma unroll
     for (int e = 0; e < kRowsEach; ++e) {
       const int row = c / 8 + e * (kGroupThreads / 8);
@@ -70,9 +72,10 @@ __global__ void __launch_bounds__(2 * kGroupThreads) gather_cp_async(const Patte
     }
     cp_async_commit();
     if (t + 1 < pat.tiles) rows_of(t + 1, next);
-    cp_async_wait<0>();
+    cp_async_wait<kInFlight - 1>();
   }
-  if (threadIdx.x == 0 && tile[7] == 123) *sink = 1;  // keeps the copies observable
+  cp_async_wait<0>();
+  if (threadIdx.x == 0 && smem[7] == 123) *sink = 1;  // keeps the copies observable
 }
 
 // The same tiles through TMA: thread c of a group issues the boxes of its rows, {64 elements, 1 row} each, and
@@ -148,8 +151,9 @@ int main() {
   CHECK(cudaMalloc(&slots, keys * sizeof(int)));
   CHECK(cudaMemcpy(slots, perm.data(), keys * sizeof(int), cudaMemcpyHostToDevice));
 
-  // G2: 8 KV heads of 128 dims; 8 heads x 2 row tiles x 8 pieces = 128 CTAs, each 32 tiles of 128 keys of K
-  // (group 0) and of V (group 1).
+  // GQA, 8 KV heads of 128 dims, K tiles by group 0 and V tiles by group 1, 128 CTAs. G2: 2 row tiles x 8 pieces
+  // per head, each CTA 32 tiles of 128 keys (from HBM; the other row tile finds them in L2). G5: 8 row tiles x 2
+  // pieces per head, each CTA 33 tiles (the keys of 8192 + 256 tokens, read by 8 CTAs each: mostly L2).
   {
     char *k, *v;
     const size_t bytes = size_t(pool) * 8 * 256;
@@ -157,12 +161,21 @@ int main() {
     CHECK(cudaMalloc(&v, bytes));
     CHECK(cudaMemset(k, 1, bytes));
     CHECK(cudaMemset(v, 2, bytes));
-    const Pattern pat{{k, v}, slots, 8 * 256, 256, 16, 8, keys / 8, 32, 1, 0};
-    auto kernel = gather_cp_async<256, 128>;
-    const int smem = 2 * 128 * 256 + 1024;
-    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    const Pattern g2{{k, v}, slots, 8 * 256, 256, 16, 8, keys / 8, 32, 1, 0};
+    const Pattern g5{{k, v}, slots, 8 * 256, 256, 16, 2, 33 * 128, 33, 1, 0};
+    auto one = gather_cp_async<256, 128, 1>;
+    auto two = gather_cp_async<256, 128, 2>;
+    const int smem = 2 * 2 * 128 * 256 + 1024;
+    CHECK(cudaFuncSetAttribute(one, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    CHECK(cudaFuncSetAttribute(two, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     report("G2 K and V tiles, cp.async (the kernel's gather)", 128, 128.0 * 2 * 32 * 128 * 256,
-           [&] { kernel<<<128, 2 * kGroupThreads, smem>>>(pat, sink); });
+           [&] { one<<<128, 2 * kGroupThreads, smem>>>(g2, sink); });
+    report("G2 the same, two tiles in flight per group", 128, 128.0 * 2 * 32 * 128 * 256,
+           [&] { two<<<128, 2 * kGroupThreads, smem>>>(g2, sink); });
+    report("G5 K and V tiles, cp.async (the kernel's gather)", 128, 128.0 * 2 * 33 * 128 * 256,
+           [&] { one<<<128, 2 * kGroupThreads, smem>>>(g5, sink); });
+    report("G5 the same, two tiles in flight per group", 128, 128.0 * 2 * 33 * 128 * 256,
+           [&] { two<<<128, 2 * kGroupThreads, smem>>>(g5, sink); });
     CHECK(cudaFree(k));
     CHECK(cudaFree(v));
   }

@@ -11,7 +11,7 @@
 #   3. memcheck   compute-sanitizer --tool memcheck  on examples/sanitize_case.py
 #   4. racecheck  compute-sanitizer --tool racecheck on examples/sanitize_case.py
 #   5. bench      python -m kdtree_ops.bench -> bench.md, bench.json, bench.png
-#   6. gather_probe  examples/gather_probe.cu (Hopper): G2's and M2's K/V gathers alone, a floor for the
+#   6. gather_probe  examples/gather_probe.cu (Hopper): G2's, G5's and M2's K/V gathers alone, a floor for the
 #                 kernels' loads
 # and writes RESULTS_DIR/summary.md (device, torch, commit, stage results, test counts, sanitizer summary
 # lines, benchmark table). The whole run keeps within KDTREE_SUITE_BUDGET_S seconds (default 550, at least
