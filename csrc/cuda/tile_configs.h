@@ -264,6 +264,11 @@
 //   and fixed costs bound it. G5's take 64.4 us alone, its math 68.3 (the run above), 75.5 us together. G1's both exceed 14 us.
 //   tried in the same run: the V wait inside the tensor-core turn, between the S and PV issues (FlashAttention
 //   3's order): G 23.0 81.4 96.5 76.2 75.8, the same as main; not kept.
+//   The gather probe (GPU suite of 8577cbe): G2's gathers alone 50.0 us, 46.2 with two tiles in flight per
+//   copier group; G5's 41.5 and 34.8 us. G5's gathers are well short of its math's tile phase, and more copies
+//   in flight speed them up when nothing else runs, yet slowed the kernel: the cost is in how the copies meet the
+//   math (the math warps' waits, ncu above), not in their rate. Next: per-CTA clocks of the K copier's arrive-on-
+//   copies variant against main, to see which wait grows.
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
 // than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw
