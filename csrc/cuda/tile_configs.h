@@ -267,8 +267,15 @@
 //   The gather probe (GPU suite of 8577cbe): G2's gathers alone 50.0 us, 46.2 with two tiles in flight per
 //   copier group; G5's 41.5 and 34.8 us. G5's gathers are well short of its math's tile phase, and more copies
 //   in flight speed them up when nothing else runs, yet slowed the kernel: the cost is in how the copies meet the
-//   math (the math warps' waits, ncu above), not in their rate. Next: per-CTA clocks of the K copier's arrive-on-
-//   copies variant against main, to see which wait grows.
+//   math (the math warps' waits, ncu above), not in their rate. Then (development script, same run, three
+//   repetitions' means, G1 G2 G3 G4 G5):
+//     main                                                23.1 81.3 95.3 75.5 75.8
+//     the K copier arriving on its copies (two K tiles in flight), the rest as main
+//                                                         23.1 85.6 95.9 76.2 79.0
+//     the same, K tile t issued only once V tile t - 1 is (V's copies first, as the math needs them)
+//                                                         24.2 87.0 97.6 76.5 83.9
+//   Both slower, the second more: not V's copies queued behind K's. Next: per-CTA clocks of the first variant
+//   against main, to see which wait grows.
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
 // than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw
