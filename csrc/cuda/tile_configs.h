@@ -274,8 +274,24 @@
 //                                                         23.1 85.6 95.9 76.2 79.0
 //     the same, K tile t issued only once V tile t - 1 is (V's copies first, as the math needs them)
 //                                                         24.2 87.0 97.6 76.5 83.9
-//   Both slower, the second more: not V's copies queued behind K's. Next: per-CTA clocks of the first variant
-//   against main, to see which wait grows.
+//   Both slower, the second more: not V's copies queued behind K's. Per-CTA clocks of the first segment (a
+//   development build with clock64 around each wait; us, median over CTAs, G2 / G5): the tile phase; the K
+//   copier issuing (a tile's copies, then the next tile's rows), waiting for a free buffer, for its copies; the V
+//   copier waiting for a free buffer, for its copies; the math warps waiting for K, for V:
+//     main                          70.0 / 65.5; 59.8 / 54.2, 2.6 / 2.7, 1.2 / 1.2; 17.1 / 17.9, 12.7 / 4.3;
+//                                   10.8 / 5.4, 3.7 / 3.6
+//     K arriving on its copies      74.9 / 65.9; 63.6 / 53.7, 3.3 / 2.9, 0 / 0; 25.1 / 18.4, 8.5 / 3.4;
+//                                   13.4 / 4.6, 4.2 / 3.9
+//     the loads alone (no GEMMs)    61.6 / 55.6; 53.6 / 46.7, 2.4 / 2.5, 1.1 / 1.1; 18.2 / 18.6, 7.4 / 9.7;
+//                                   20.7 / 14.0, 3.6 / 3.5
+//   The K copier is busy all along: issuing a tile's copies and finding the next tile's rows (whose kv_indices
+//   read waits behind the copies) takes 1.6-1.8 us a tile, about the math's time per tile, so the math waits
+//   for K. The SM clock reads 1.74-1.76 GHz while the GEMMs run and 1.96-1.97 GHz without them (the loads-alone
+//   build): in cycles the K copier's loop costs about the same with or without the GEMMs (G5: 95k against 92k),
+//   so the GEMMs slow the gathers through the clock they leave, not through shared-memory or issue contention.
+//   The lever is the K copier's cycles per tile (about 2.9k for G5's 32 KB tile), which more tiles in flight do
+//   not shorten. Also found: Q in registers (S's GEMM reading only K from shared memory) does not fit; the math
+//   warps spill 172 bytes in the tile loop at 224 registers (at 232 the gatherers, at 40, spill too).
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
 // than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw
