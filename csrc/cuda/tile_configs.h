@@ -158,9 +158,9 @@
 // MLA, tried: K tiles landing in 64-column blocks with a full barrier each (cp.async.mbarrier.arrive.noinc, the
 // S GEMM issued block by block as they land) and warpgroup 1 handing A back before its S of B. M1 M2 M3 M4 M5:
 // 47 184 186 76 306 before, 52 192 180 79 304 with it; not kept.
-// MLA, one stream of copies (produce, paired tiles): all 128 gatherers copy each tile, in the order the buffers come
-// back, and arrive on its full barrier when their copies land (cp.async.mbarrier.arrive.noinc; the math warps
-// fence after the wait), where two groups of 64 each filled one buffer and waited for their copies.
+// MLA, one stream of copies (produce with paired tiles): all 128 gatherers copy each tile, in the order the
+// buffers come back, and arrive on its full barrier when their copies land (cp.async.mbarrier.arrive.noinc; the
+// math warps fence after the wait), where two groups of 64 each filled one buffer and waited for their copies.
 // Development script, same run (us, M1 M2 M3 M4 M5 / G1 G2 G3 G4 G5):
 //   two groups of 64                                       50 183 189  77 306 / 30  90 105  80  86
 //   one stream of 128, GQA too (K then V of each tile)     46 160 159  69 266 / 29  99 105  81  95
@@ -261,14 +261,14 @@
 //     main                                                23.0 81.0 95.9 75.6 75.5 / 39.1 146.6 140.8  56.6 249.1
 //     the loads alone                                     19.3 75.4 87.2 73.7 64.4 / 28.2  93.8  92.8  45.4 122.5
 //   So G2 misses its target of 72 us even with free tensor cores: its gathers (55.8 us in the probe), softmax
-//   and fixed costs bound it. G5's take 64.4 us alone, its math 68.3 (the run above), 75.5 us together. G1's both exceed 14 us.
+//   and fixed costs bound it. G5 takes 64.4 us without its GEMMs and 68.3 with no copies (the run above), 75.5
+//   with both. For G1 both exceed 14 us.
 //   tried in the same run: the V wait inside the tensor-core turn, between the S and PV issues (FlashAttention
 //   3's order): G 23.0 81.4 96.5 76.2 75.8, the same as main; not kept.
 //   The gather probe (GPU suite of 8577cbe): G2's gathers alone 50.0 us, 46.2 with two tiles in flight per
-//   copier group; G5's 41.5 and 34.8 us. G5's gathers are well short of its math's tile phase, and more copies
-//   in flight speed them up when nothing else runs, yet slowed the kernel: the cost is in how the copies meet the
-//   math (the math warps' waits, ncu above), not in their rate. Then (development script, same run, three
-//   repetitions' means, G1 G2 G3 G4 G5):
+//   copier group; G5's 41.5 and 34.8 us. G5's gathers alone are well short of its math's tile phase, and more
+//   copies in flight speed them up when nothing else runs, yet slowed the kernel. Then (development script, same
+//   run, three repetitions' means, G1 G2 G3 G4 G5):
 //     main                                                23.1 81.3 95.3 75.5 75.8
 //     the K copier arriving on its copies (two K tiles in flight), the rest as main
 //                                                         23.1 85.6 95.9 76.2 79.0
