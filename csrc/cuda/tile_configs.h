@@ -277,7 +277,8 @@
 //   Both slower, the second more: not V's copies queued behind K's. Per-CTA clocks of the first segment (a
 //   development build with clock64 around each wait; us, median over CTAs, G2 / G5): the tile phase; the K
 //   copier issuing (a tile's copies, then the next tile's rows), waiting for a free buffer, for its copies; the V
-//   copier waiting for a free buffer, for its copies; the math warps waiting for K, for V:
+//   copier waiting for a free buffer, for its copies; the math warps waiting for K, for V (main and the loads
+//   alone from one run, the arrive-on-copies variant from another whose main read within 0.6 us of this one):
 //     main                          70.0 / 65.5; 59.8 / 54.2, 2.6 / 2.7, 1.2 / 1.2; 17.1 / 17.9, 12.7 / 4.3;
 //                                   10.8 / 5.4, 3.7 / 3.6
 //     K arriving on its copies      74.9 / 65.9; 63.6 / 53.7, 3.3 / 2.9, 0 / 0; 25.1 / 18.4, 8.5 / 3.4;
