@@ -421,18 +421,19 @@ struct TreeVerifyCta {
   __device__ void produce_tiles(const Segment& sg) {
     const int g = tid - C::kMathThreads;  // 0 .. kLoadThreads - 1
     if constexpr (C::kPairedTiles) {
-      produce<kCopiersPerSide, false>(sg, g);
+      produce<false>(sg, g);
     } else {
-      if (g < kCopiersPerSide) produce<kCopiersPerSide, false>(sg, g);
-      else produce<kCopiersPerSide, true>(sg, g - kCopiersPerSide);
+      if (g < kCopiersPerSide) produce<false>(sg, g);
+      else produce<true>(sg, g - kCopiersPerSide);
     }
   }
 
-  // kCopiers gatherers (`copier` is this one's index) fill the K (kV: V) buffers: tile t of the CTA into buffer
-  // t % STAGES, zeros past kt1 (a missing last B of paired tiles). Each copier waits for its own copies, makes
-  // them visible to the tensor cores' reads (fence_proxy_async) and arrives on the full barrier.
-  template <int kCopiers, bool kV>
+  // kCopiersPerSide gatherers (`copier` is this one's index) fill the K (kV: V) buffers: tile t of the CTA into
+  // buffer t % STAGES, zeros past kt1 (a missing last B of paired tiles). Each copier waits for its own copies,
+  // makes them visible to the tensor cores' reads (fence_proxy_async) and arrives on the full barrier.
+  template <bool kV>
   __device__ __forceinline__ void produce(const Segment& sg, int copier) {
+    constexpr int kCopiers = kCopiersPerSide;
     constexpr int kRowsEach = (C::kBlockN + kCopiers - 1) / kCopiers;
     constexpr int kTileElems = C::kBlockN * (kV ? C::kDv : C::kDqk);
     T* const tiles = kV ? sV : sK;
