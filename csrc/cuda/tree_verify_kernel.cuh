@@ -15,10 +15,7 @@ namespace kdtree::cuda {
 // borrows the K/V buffers).
 template <class C>
 __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
-  // This CTA's part of the schedule workspace (work_split.cuh): piece_start, tile_start, cut.
-  long long* piece_start = p.schedule + static_cast<int64_t>(blockIdx.x) * kScheduleArrays * (p.batch + 1);
-  const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(
-      p, piece_start, piece_start + p.batch + 1, reinterpret_cast<PieceSplit*>(piece_start + 2 * (p.batch + 1)));
+  const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(p);
   zero_padding_rows<typename C::T>(p, C::kDv);  // after the schedule: qo_indptr is then in cache
 
   // The piece indices' width is a register-allocation choice, measured (tile_configs.h): in 32 bits ptxas keeps

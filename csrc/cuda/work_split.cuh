@@ -120,8 +120,10 @@ static_assert(sizeof(PieceSplit) == sizeof(long long) && alignof(PieceSplit) <= 
 constexpr int kScheduleArrays = 3;
 
 template <int kThreads, int kBlockM, int kBlockN>
-__device__ Schedule build_schedule(const TreeVerifyParams& p, long long* piece_start, long long* tile_start,
-                                   PieceSplit* cut) {
+__device__ Schedule build_schedule(const TreeVerifyParams& p) {
+  long long* const piece_start = p.schedule + static_cast<int64_t>(blockIdx.x) * kScheduleArrays * (p.batch + 1);
+  long long* const tile_start = piece_start + p.batch + 1;
+  PieceSplit* const cut = reinterpret_cast<PieceSplit*>(piece_start + 2 * (p.batch + 1));
   // Two passes: the row tiles (and the units, summed), then the pieces, which depend on the units' total.
   const long long units = scan_requests<kThreads>(p.batch, tile_start, [&](int b) {
     const RequestInfo r = request_info<kBlockM, kBlockN>(p, b);
