@@ -203,6 +203,12 @@
 //   tried after: with at most 32 requests, every warp scans them itself with one barrier (the block-wide scan
 //   takes three): whole GPU suite passed, but its benchmark was no faster than the previous suite's (M2 150.5
 //   against 148.8 us, in a run whose matmul ceiling read 1 % lower) and no side-by-side run fitted; not kept.
+//   tried after: each piece claims its slices first (a counter of claims and one of publications per slice),
+//   and the last to claim a slice writes nothing of it but merges it once the others' parts are published, so
+//   that the piece finishing last would merge at once. Correct on the CUDA tests; same run, three repetitions'
+//   means, G 25.0 83.5 94.9 75.6 78.7 / M 37.5 143.3 141.2 57.6 250.1 before, 27.9 87.7 96.4 75.9 79.6 / 42.1
+//   146.7 142.6 57.3 250.8 with it. A row tile's pieces finish together: claiming all slices at once made one
+//   piece last on most of them, merging them alone after waiting for the other's stores; not kept.
 // The work split, then (development script, three repetitions' means, us, G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
 //   main                                                  24.7  88.4 101.1  79.2  84.8 / 37.8 148.3 150.7 61.5 256.0
 //   each request's cut stored by the scan (no 64-bit division per piece), release-only slice arrivals
@@ -240,8 +246,8 @@
 //   only without the math warps' proxy fence after the K wait (racy, timed only) 23.5 87.8 96.9 76.0 80.4. So
 //   neither the earlier reads nor the fence cost the time; what is left is the K copier's arrival on its copies
 //   (with the slot / row split that these variants share, a cost of its own not measured apart).
-//   None kept. Shorter copy loops gain GQA little and cost MLA 6-9 %; reads issued earlier and more copies in
-//   flight make G2 and G5 slower, K's copies alone as much as both sides'. ncu's source-level samples of main (G2,
+//   None kept. Shorter copy loops cost MLA 6-9 % (later kept for GQA, below); reads issued earlier and more copies
+//   in flight make G2 and G5 slower, K's copies alone as much as both sides'. ncu's source-level samples of main (G2,
 //   G5): the math warps' tile loop holds half of all warp samples (two thirds of the warps are math warps), stalled
 //   on fixed-latency dependencies (31-35 % of its samples), the named barriers of the turns and barrier_after
 //   (14-18 %) and the wait for a landed tile (8-14 %). The K copier stalls mostly on its read of the next tile's
@@ -293,6 +299,20 @@
 //   The lever is the K copier's cycles per tile (about 2.9k for G5's 32 KB tile), which more tiles in flight do
 //   not shorten. Also found: Q in registers (S's GEMM reading only K from shared memory) does not fit; the math
 //   warps spill 172 bytes in the tile loop at 224 registers (at 232 the gatherers, at 40, spill too).
+//   In cycles the tile phase is the load path's: with the GEMMs (1.75 GHz) G2's takes 122.5k and G5's 114.6k
+//   cycles, without them (1.97 GHz) 121.0k and 109.3k; the math alone takes G5 about 98k.
+// Then the copy loops again (development script, same runs, three repetitions' means, us,
+// G1 G2 G3 G4 G5 / M1 M2 M3 M4 M5):
+//   main                                                  24.9 83.9 96.2 76.8 77.5 / 37.5 142.6 141.2 57.5 248.6
+//   a row's source chosen once (a missing row reads nothing from q's first row at the same offsets), its
+//     blocks constant offsets from it, folded into the copies (hd128 SASS: 1284 -> 980 selects)
+//                                                         24.3 82.2 91.8 76.8 74.9 / 38.1 144.8 144.0 57.9 255.0
+//   kept for GQA; MLA, whose math bounds it, keeps a choice per copy (its loop of nine blocks a row then issues
+//   its copies back to back). An earlier form, the source chosen once and a stride of 0 or 64 elements, gained
+//   less (G3 96.4 -> 93.3, G5 77.8 -> 76.9) and cost MLA more (M5 +8.8 us).
+//   tried in the same runs: an L2 hint to fetch 256 bytes on a miss (cp.async ... L2::256B, a K/V row of Dqk
+//   128): G 24.9 85.6 97.4 78.4 77.7 / M 38.1 142.4 142.2 57.6 250.1 against main's 24.7 84.1 96.4 77.0 77.8 /
+//   38.1 141.7 141.2 57.4 248.8; not kept.
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
 // than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw
