@@ -313,6 +313,9 @@
 //   tried in the same runs: an L2 hint to fetch 256 bytes on a miss (cp.async ... L2::256B, a K/V row of Dqk
 //   128): G 24.9 85.6 97.4 78.4 77.7 / M 38.1 142.4 142.2 57.6 250.1 against main's 24.7 84.1 96.4 77.0 77.8 /
 //   38.1 141.7 141.2 57.4 248.8; not kept.
+//   Then without the GEMMs again (S zeros the compiler cannot fold, no PV GEMM; the rest kept), same run, three
+//   repetitions' means, G1-G5: main 24.5 82.2 91.3 77.0 75.1, no GEMMs 24.1 73.4 85.2 75.3 64.1. G2 still misses
+//   72 us with free tensor cores; G5's loads path is 11 us shorter than the whole.
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
 // than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw
