@@ -307,8 +307,8 @@
 //   a row's source chosen once (a missing row reads nothing from q's first row at the same offsets), its
 //     blocks constant offsets from it, folded into the copies (hd128 SASS: 1284 -> 980 selects)
 //                                                         24.3 82.2 91.8 76.8 74.9 / 38.1 144.8 144.0 57.9 255.0
-//   kept for GQA; MLA, whose math bounds it, keeps a choice per copy (its loop of nine blocks a row then issues
-//   its copies back to back). An earlier form, the source chosen once and a stride of 0 or 64 elements, gained
+//   kept for GQA; MLA, whose math bounds it, keeps a choice per copy (why the shorter loop, nine blocks a row
+//   with no select between its copies, slows it was not measured). An earlier form, the source chosen once and a stride of 0 or 64 elements, gained
 //   less (G3 96.4 -> 93.3, G5 77.8 -> 76.9) and cost MLA more (M5 +8.8 us).
 //   tried in the same runs: an L2 hint to fetch 256 bytes on a miss (cp.async ... L2::256B, a K/V row of Dqk
 //   128): G 24.9 85.6 97.4 78.4 77.7 / M 38.1 142.4 142.2 57.6 250.1 against main's 24.7 84.1 96.4 77.0 77.8 /

@@ -50,8 +50,8 @@ __device__ __forceinline__ void TreeVerifyCta<C>::copy_rows(RowSource row_source
   const int q = copier % 8, row0 = copier / 8;
   const int position = (q ^ row0) & 7;
   // GQA, bound by its loads, chooses a row's source once and copies its blocks at constant offsets from it
-  // (G3 96.2 -> 91.8, G5 77.5 -> 74.9 us); MLA, bound by its math, keeps a choice per copy, which spaces the
-  // copies out (with the shorter loop: M2 142.6 -> 144.8, M5 248.6 -> 255.0 us).
+  // (G3 96.2 -> 91.8, G5 77.5 -> 74.9 us); MLA, bound by its math, keeps a choice per copy: the shorter loop
+  // made it slower (M2 142.6 -> 144.8, M5 248.6 -> 255.0 us), for a reason not measured.
   constexpr bool kSourcePerRow = C::kDqk <= 256;
   // Row sources in batches of up to eight, found before their copies: for staged row pointers, one
   // shared-memory latency per batch, not one per row (all of a tile's rows at once held too many registers:
