@@ -247,12 +247,12 @@
 //   neither the earlier reads nor the fence cost the time; what is left is the K copier's arrival on its copies
 //   (with the slot / row split that these variants share, a cost of its own not measured apart).
 //   None kept. Shorter copy loops cost MLA 6-9 % (later kept for GQA, below); reads issued earlier and more copies
-//   in flight make G2 and G5 slower, K's copies alone as much as both sides'. ncu's source-level samples of main (G2,
-//   G5): the math warps' tile loop holds half of all warp samples (two thirds of the warps are math warps), stalled
-//   on fixed-latency dependencies (31-35 % of its samples), the named barriers of the turns and barrier_after
-//   (14-18 %) and the wait for a landed tile (8-14 %). The K copier stalls mostly on its read of the next tile's
-//   kv_indices (behind the tile's copies), the V copier on a free buffer, then on its copies. The math alone (the
-//   gatherers copy nothing, every hand-off kept; timed without the correctness check), another run:
+//   in flight make G2 and G5 slower, K's copies alone as much as both sides'. ncu's source-level samples of main
+//   (G2, G5): the math warps' tile loop holds half of all warp samples (two thirds of the warps are math warps),
+//   stalled on fixed-latency dependencies (31-35 % of its samples), the named barriers of the turns and
+//   barrier_after (14-18 %) and the wait for a landed tile (8-14 %). The K copier stalls mostly on its read of the
+//   next tile's kv_indices (behind the tile's copies), the V copier on a free buffer, then on its copies. The math
+//   alone (the gatherers copy nothing, every hand-off kept; timed without the correctness check), another run:
 //     main                                                23.1 80.8 95.4 75.6 74.8 / 38.5 142.3 139.5  56.1 246.2
 //     the math alone                                      21.6 67.8 65.8 43.2 68.3 / 36.6 146.5 142.0  51.7 256.6
 //   So G2 and G5 would meet their targets if the tiles landed in time: the copies add 13 and 6.5 us, as the
@@ -308,18 +308,34 @@
 //     blocks constant offsets from it, folded into the copies (hd128 SASS: 1284 -> 980 selects)
 //                                                         24.3 82.2 91.8 76.8 74.9 / 38.1 144.8 144.0 57.9 255.0
 //   kept for GQA; MLA, whose math bounds it, keeps a choice per copy (why the shorter loop, nine blocks a row
-//   with no select between its copies, slows it was not measured). An earlier form, the source chosen once and a stride of 0 or 64 elements, gained
-//   less (G3 96.4 -> 93.3, G5 77.8 -> 76.9) and cost MLA more (M5 +8.8 us).
+//   with no select between its copies, slows it was not measured). An earlier form, the source chosen once and a
+//   stride of 0 or 64 elements, gained less (G3 96.4 -> 93.3, G5 77.8 -> 76.9) and cost MLA more (M5 +8.8 us).
 //   tried in the same runs: an L2 hint to fetch 256 bytes on a miss (cp.async ... L2::256B, a K/V row of Dqk
 //   128): G 24.9 85.6 97.4 78.4 77.7 / M 38.1 142.4 142.2 57.6 250.1 against main's 24.7 84.1 96.4 77.0 77.8 /
 //   38.1 141.7 141.2 57.4 248.8; not kept.
 //   Then without the GEMMs again (S zeros the compiler cannot fold, no PV GEMM; the rest kept), same run, three
 //   repetitions' means, G1-G5: main 24.5 82.2 91.3 77.0 75.1, no GEMMs 24.1 73.4 85.2 75.3 64.1. G2 still misses
 //   72 us with free tensor cores; G5's loads path is 11 us shorter than the whole.
+//   tried after (development script, same run, three repetitions' means, G1-G5): a third K buffer (kKStages; the
+//   zero tile shrunk to one 64-column block that the first PV GEMM's descriptor reads as both, to make room: Q 32
+//   + K 96 + V 64 + zeros 16 KiB), so the K copier could run a tile further ahead: 24.4 82.9 92.2 77.0 75.7
+//   against main's 24.3 83.1 92.2 76.8 75.4 (the same only for the 128-row tiles: 24.9 83.3 92.3 76.9 75.7). The
+//   K copier waits 2.7 us of G5's tile phase for a free buffer (the per-CTA clocks above) and is busy issuing the
+//   rest: a buffer more gives it nothing to fill; not kept.
+//   tried in the next run: a split piece's slices published in min(pieces, 4) rounds, one barrier and release
+//   each, two pieces starting half the slices apart (each publishes two slices, then completes and merges the
+//   other two), G 25.0 84.0 92.7 76.9 76.5 / M 37.6 141.7 141.8 58.1 249.7 against main's 24.2 82.5 91.8 76.9
+//   75.1 / 37.8 144.5 142.0 57.7 248.5; not kept. In the run after, piece s starting at slice s as on main (with two
+//   pieces, their first rounds share a slice, complete once both have published that round): G 25.0 83.9 92.1
+//   76.8 76.3 / M 38.2 141.9 141.9 57.9 250.5 against main's 24.9 81.7 91.2 76.8 75.1 / 37.5 143.6 142.3 57.9
+//   251.8; not kept. The rounds variant above had gained G5 1.4 us; in these runs both orderings lose G5 1.2-1.4
+//   and G2 1.5-2.2 us, and gain only MLA's M2 (1.7-2.8 us).
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
-// than the eight math warps. MLA: the math (a softmax per tile with the tensor cores idle), which the seesaw
-// overlaps only at the cost of buffer time.
+// than the eight math warps; for row tiles of two pieces (G3, G5, one piece a CTA), the pair as a cluster of two
+// CTAs, one sending its partial to the other through distributed shared memory instead of the workspace. MLA:
+// the math (a softmax per tile with the tensor cores idle), which the seesaw overlaps only at the cost of buffer
+// time.
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:
