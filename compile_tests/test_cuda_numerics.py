@@ -197,6 +197,15 @@ BIG_CASES = {
     # 205 parts, each with its log-sum-exps, through merge_slices' ring of four.
     "gqa_hd64_256_pieces": dict(tree_sizes=[1], prefix_lens=[65536], num_q_heads=2, num_kv_heads=1, head_dim_qk=64,
                                 head_dim_v=64, draft_mode="cache"),
+    # Row tiles of two pieces with one piece per CTA (56 row tiles of 10 KV tiles on the H200's 132 CTAs): on the
+    # wide wgmma kernel each pair runs on the two CTAs of a cluster and merges through distributed shared memory.
+    "gqa_two_piece_row_tiles": dict(tree_sizes=[32] * 7, prefix_lens=[1200] * 7, num_q_heads=32, num_kv_heads=8,
+                                    head_dim_qk=128, head_dim_v=128, draft_mode="cache"),
+    # The same with row tiles of one, two and three pieces, a short tree (padding rows in its tile) and separate
+    # draft K/V: pairs that start on an odd CTA merge through the workspace instead.
+    "gqa_mixed_piece_counts": dict(tree_sizes=[32, 32, 7, 32, 32, 32],
+                                   prefix_lens=[1200, 2500, 1500, 700, 1200, 900], num_q_heads=32, num_kv_heads=8,
+                                   head_dim_qk=128, head_dim_v=128, draft_mode="separate", pad_rows=5),
     "gqa_hd256_fp16": dict(tree_sizes=[512, 100], prefix_lens=[8192, 0], num_q_heads=16, num_kv_heads=2,
                            head_dim_qk=256, head_dim_v=256, draft_mode="separate", dtype=torch.float16),
     "gqa_many_requests": dict(tree_sizes="random64", prefix_lens="random4096", num_q_heads=32, num_kv_heads=8,

@@ -330,12 +330,21 @@
 //   76.8 76.3 / M 38.2 141.9 141.9 57.9 250.5 against main's 24.9 81.7 91.2 76.8 75.1 / 37.5 143.6 142.3 57.9
 //   251.8; not kept. The rounds variant above had gained G5 1.4 us; in these runs both orderings lose G5 1.2-1.4
 //   and G2 1.5-2.2 us, and gain only MLA's M2 (1.7-2.8 us).
+//   The two pieces of a row tile as a cluster pair (cluster.cuh, merge_pair): with one piece per CTA, a row tile
+//   of two pieces starting on an even CTA has them on the two CTAs of a cluster of two. Piece 1 stages its output
+//   and log-sum-exps in its shared memory and signals piece 0 (a remote mbarrier arrival), which reads them
+//   through distributed shared memory, merges and writes the rows; no partial in the workspace, no counters.
+//   Development script, same run, three repetitions' means, every wide launch in clusters (G1 G2 G3 G5):
+//     main                                                24.4 81.6 91.2 75.1
+//     cluster pairs                                       25.3 86.6 87.5 74.1
+//   G3 and G5 (56-64 row tiles of two pieces on 132 CTAs) gain 3.7 and 1.0 us; G1 and G2, whose row tiles have
+//   eight pieces and never pair, lose 0.9 and 5.0 us to the cluster launch alone (its cause not measured apart:
+//   the grid of whole clusters, or where the scheduler puts them). So the host launches in clusters only where
+//   equal trees make row tiles of two pieces (grid / 3 < row tiles <= grid / 2), and everything else as before.
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
-// than the eight math warps; for row tiles of two pieces (G3, G5, one piece a CTA), the pair as a cluster of two
-// CTAs, one sending its partial to the other through distributed shared memory instead of the workspace. MLA:
-// the math (a softmax per tile with the tensor cores idle), which the seesaw overlaps only at the cost of buffer
-// time.
+// than the eight math warps; the cluster pairs (above) for more shapes than two pieces per row tile. MLA: the
+// math (a softmax per tile with the tensor cores idle), which the seesaw overlaps only at the cost of buffer time.
 // (A trap for such variants: with the output stores removed, ptxas drops the PV wgmma whose accumulators are
 // dead, so "no epilogue" variants time no PV GEMM.)
 // Tried, each slower:

@@ -43,6 +43,11 @@ struct TreeVerifyConfig {
   static constexpr int kCtaRegs = 65536 / kCtasPerSm / kThreads / 8 * 8 * kThreads;
   static constexpr int kLoadRegs = 56;  // the gatherers' copy loops spilled at 40 (tile_configs.h)
   static constexpr int kMathRegs = (kCtaRegs - kLoadThreads * kLoadRegs) / kMathThreads / 8 * 8;
+  // Wide warp-specialized CTAs (one per SM, P in registers) may launch in clusters of two (where the shapes make
+  // row tiles of two pieces, tree_verify_launch.cuh): a row tile whose two pieces run on the two CTAs of a
+  // cluster merges them through distributed shared memory, with no workspace round trip (merge_pair).
+  static constexpr bool kClusterPairs = kOverlapPv && kCtasPerSm == 1;
+  static constexpr int kClusterSize = kClusterPairs ? 2 : 1;
   static constexpr int kKeysPerWarp = kPairedTiles ? kBlockN : kBlockN / kWarpsN;  // S phase
   static constexpr int kDvPerWarp = kDv / kWarpsN;        // PV phase
   static constexpr int kChunksQK = kDqk / 8, kChunksV = kDv / 8;
@@ -64,8 +69,8 @@ struct TreeVerifyConfig {
   // Zeros that the first PV GEMM of a segment multiplies (run_tiles_overlapped).
   static constexpr int kZeroBytes = kOverlapPv ? kBlockN * kDv * 2 : 0;
   static constexpr int kRedBytes = kWarpsN * kBlockM * 4;
-  // Full and empty barriers of the K and V buffers (warp-specialized CTAs).
-  static constexpr int kBarrierBytes = kLoadThreads > 0 ? 4 * kStages * 8 : 0;
+  // Full and empty barriers of the K and V buffers (warp-specialized CTAs), and the two of a cluster pair's merge.
+  static constexpr int kBarrierBytes = kLoadThreads > 0 ? (4 * kStages + (kClusterPairs ? 2 : 0)) * 8 : 0;
   // K (and V) row pointers, a slot per buffer
   static constexpr int kSrcBytes = kStages * kBlockN * 8 * (kVTile ? 2 : 1);
   static constexpr int kFixedSmem =

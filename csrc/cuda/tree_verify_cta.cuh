@@ -12,7 +12,8 @@
 // two paths differ only in how the two GEMMs are issued; the softmax, mask, stores and merge are shared.
 // A row tile split over several CTAs leaves normalized partial outputs and their log-sum-exp in the
 // workspace, in slices of rows with an arrival counter each; the CTA that completes a slice's count merges
-// that slice, reading the pieces in a fixed order (deterministic).
+// that slice, reading the pieces in a fixed order (deterministic); where the launch is in clusters of two, the
+// two pieces of a row tile on one cluster merge through distributed shared memory instead.
 // On the wgmma path with P in registers (GQA, Dv <= 128), and for MLA with V in K (paired tiles: the two math
 // warpgroups take the KV tiles in turns), the CTA is warp-specialized: the math warpgroups compute while one
 // more warpgroup gathers K/V tiles into a ring of buffers tracked by mbarriers.
@@ -25,6 +26,7 @@
 
 #include <type_traits>
 
+#include "cluster.cuh"
 #include "mbarrier.cuh"
 #include "mma.cuh"
 #include "tree_mask_bits.cuh"
@@ -62,6 +64,10 @@ struct TreeVerifyCta {
   uint64_t* full_v;
   uint64_t* empty_k;
   uint64_t* empty_v;
+  // A cluster pair's merge (merge_pair): "ready" (piece 1's staged output, 1 arrival from the other CTA) and
+  // "done" (piece 0 has read it, likewise).
+  uint64_t* pair_ready;
+  uint64_t* pair_done;
   const T** sKRow;  // [stages][BLOCK_N] where each key's K row is (key_rows); nullptr: past the keys
   const T** sVRow;  // same for V rows (configurations with V tiles)
   int* sFlag;
@@ -84,6 +90,8 @@ struct TreeVerifyCta {
     full_v = full_k + C::kStages;
     empty_k = full_v + C::kStages;
     empty_v = empty_k + C::kStages;
+    pair_ready = empty_v + C::kStages;
+    pair_done = pair_ready + 1;
     sKRow = reinterpret_cast<const T**>(smem + C::kFixedSmem - 16 - C::kSrcBytes);
     sVRow = sKRow + C::kStages * C::kBlockN;
     sFlag = reinterpret_cast<int*>(smem + C::kFixedSmem - 16);
@@ -99,10 +107,18 @@ struct TreeVerifyCta {
           mbarrier_init(empty_k + s, C::kMathThreads);
           mbarrier_init(empty_v + s, C::kMathThreads);
         }
+      if constexpr (C::kClusterPairs)
+        if (tid == 0) {
+          mbarrier_init(pair_ready, 1);
+          mbarrier_init(pair_done, 1);
+          fence_barrier_init();
+        }
       for (int i = tid; i < C::kZeroBytes / 16; i += C::kThreads)
         reinterpret_cast<uint4*>(sZero)[i] = make_uint4(0, 0, 0, 0);
       fence_proxy_async();
       __syncthreads();
+      if constexpr (C::kClusterPairs)
+        if (p.cluster_pairs) cluster_arrive();  // this CTA's barriers are ready for the other's arrivals
     }
   }
 
@@ -214,6 +230,7 @@ struct TreeVerifyCta {
     }
 
     if (pieces == 1) store_output(r, h, m0, o, l_run);
+    else if (C::kClusterPairs && sg.cluster_pair) merge_pair(sg, m0, o, m_run, l_run);
     else store_partial(sg, m0, o, m_run, l_run);
   }
 
@@ -867,6 +884,10 @@ struct TreeVerifyCta {
   __device__ void store_partial(const Segment& sg, int m0, const float (&o)[NO][4], const float (&m_run)[2],
                                 const float (&l_run)[2]);
   __device__ void merge_slices(const Segment& sg, int m0, uint32_t slices);
+  // A row tile of two pieces on the two CTAs of a cluster (sg.cluster_pair): piece 0 merges piece 1's output
+  // from the other CTA's shared memory and writes the rows.
+  __device__ void merge_pair(const Segment& sg, int m0, const float (&o)[NO][4], const float (&m_run)[2],
+                             const float (&l_run)[2]);
 };
 
 }  // namespace kdtree::cuda

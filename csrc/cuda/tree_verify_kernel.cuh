@@ -43,9 +43,13 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
       const int rt = static_cast<int>(local / splits);  // row tile within the request: (head, m tile)
       const int split = static_cast<int>(local % splits);
       const int kt0 = split * chunk, kt1 = min(r.n_tiles, kt0 + chunk);  // kt0 < n_tiles unless n_tiles = 0
+      // With one piece per CTA (piece q on CTA q), a row tile of two pieces starting on an even CTA has them on
+      // the two CTAs of one cluster (ranks 0 and 1), at the same time.
+      const bool cluster_pair =
+          C::kClusterPairs && p.cluster_pairs && per_cta == 1 && splits == 2 && split == (blockIdx.x & 1);
       __syncthreads();  // the previous segment is done with shared memory
       segment(Segment{r, rt / r.m_tiles, rt % r.m_tiles, kt0, kt1, static_cast<int>(sched.tile_start[b] + rt),
-                      q - split, splits, split, tiles_before});
+                      q - split, splits, split, tiles_before, cluster_pair});
       tiles_before += C::turn_tiles(kt1 - kt0);
     }
   };

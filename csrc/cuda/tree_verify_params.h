@@ -49,6 +49,7 @@ struct TreeVerifyParams {
   int* row_tile_counters;  // [>= row tile bound, slices]: arrivals per slice of a split row tile, zeroed per launch
   long long* schedule;     // [grid, kScheduleArrays * (B+1)]: each CTA's work split (work_split.cuh)
   int min_units_per_cta;   // a piece has at least this many KV tiles (bounds split overhead)
+  bool cluster_pairs;      // launched in clusters of two CTAs (kClusterPairs configurations, some shapes)
 };
 
 }  // namespace kdtree::cuda

@@ -12,6 +12,8 @@
 // (piece k starts at slice k % kSlices), so pieces that finish together complete different slices and share
 // the merge; a single last piece merges everything. (One CTA merging the whole tile read 1 MB for MLA M1's
 // eight pieces: 22 us.) The merge of a slice reads the pieces in a fixed order, so results are deterministic.
+// A row tile of two pieces on the two CTAs of a cluster skips the workspace: one reads the other's staged
+// output through distributed shared memory (merge_pair).
 #pragma once
 
 #include "tree_verify_cta.cuh"
@@ -229,6 +231,67 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
     }
   }
   cp_async_wait<0>();
+}
+
+// The two pieces of a row tile on the two CTAs of a cluster, piece k on rank k (Segment::cluster_pair). Both stage
+// their normalized output as for a store and their rows' log-sum-exps in sRed (unused with WARPS_N = 1). Piece 1
+// announces its staged copy on piece 0's "ready" barrier and stays until piece 0 has read it ("done"); piece 0
+// reads it through distributed shared memory, adds it to its own with the same weights as merge_slices, and
+// writes the rows: no partial in the workspace, no counters, one pass over the output.
+template <class C>
+__device__ void TreeVerifyCta<C>::merge_pair(const Segment& sg, int m0, const float (&o)[NO][4],
+                                             const float (&m_run)[2], const float (&l_run)[2]) {
+  if constexpr (C::kClusterPairs) {
+    static_assert(C::kWarpsN == 1, "sRed holds a log-sum-exp per row, and nothing else, with WARPS_N = 1");
+    if ((lane & 3) == 0)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const float l = l_run[half];
+        sRed[wm * 16 + (lane >> 2) + 8 * half] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
+      }
+    stage_output(o, l_run);  // its closing barrier orders the log-sum-exps too
+    const uint32_t other = 1 - sg.split;  // the other piece's rank
+    if (sg.split == 1) {
+      if (tid == 0) {
+        cluster_wait();  // the other CTA's barriers are initialized
+        mbarrier_arrive_remote(cluster_addr(pair_ready, other));
+        mbarrier_wait_cluster(pair_done, 0);  // one pair per launch: phase 0. Then this shared memory may go.
+      }
+      return;
+    }
+    mbarrier_wait_cluster(pair_ready, 0);
+    const uint32_t their_sK = cluster_addr(sK, other), their_lse = cluster_addr(sRed, other);
+    constexpr int kChunks = C::kDv / 8, kRowsPerPass = C::kMathThreads / 8;  // eight threads to a row
+    static_assert(C::kBlockM % kRowsPerPass == 0 && kChunks % 8 == 0, "threads tile the rows");
+    const RequestInfo& r = sg.r;
+    T* out = static_cast<T*>(p.out);
+#pragma unroll 1
+    for (int pass = 0; pass < C::kBlockM / kRowsPerPass; ++pass) {
+      const int row = tid / 8 + pass * kRowsPerPass;
+      const float mine = sRed[row], theirs = load_cluster_f32(their_lse + row * 4);
+      const float ref = usable(fmaxf(mine, theirs));  // -inf: neither piece sees a key, zeros
+      const float w_mine = fast_exp2(mine - ref), w_theirs = fast_exp2(theirs - ref);
+      const float inv = w_mine + w_theirs > 0.f ? 1.f / (w_mine + w_theirs) : 0.f;
+#pragma unroll
+      for (int j = 0; j < kChunks / 8; ++j) {
+        const T* own = staged_chunk(row, tid % 8 + 8 * j);
+        float a[8], b[8];
+        unpack8<T>(*reinterpret_cast<const uint4*>(own), a);
+        unpack8<T>(load_cluster_16(their_sK + static_cast<uint32_t>((own - sK) * sizeof(T))), b);
+        if (m0 + row < r.rows)  // else a padding row of the tile
+          *reinterpret_cast<uint4*>(out + out_offset(r, sg.h, m0 + row) + (tid % 8 + 8 * j) * 8) =
+              make_uint4(pack2<T>((a[0] * w_mine + b[0] * w_theirs) * inv, (a[1] * w_mine + b[1] * w_theirs) * inv),
+                         pack2<T>((a[2] * w_mine + b[2] * w_theirs) * inv, (a[3] * w_mine + b[3] * w_theirs) * inv),
+                         pack2<T>((a[4] * w_mine + b[4] * w_theirs) * inv, (a[5] * w_mine + b[5] * w_theirs) * inv),
+                         pack2<T>((a[6] * w_mine + b[6] * w_theirs) * inv, (a[7] * w_mine + b[7] * w_theirs) * inv));
+      }
+    }
+    math_sync();  // every read of the other CTA's shared memory has returned
+    if (tid == 0) {
+      cluster_wait();
+      mbarrier_arrive_remote(cluster_addr(pair_done, other));
+    }
+  }
 }
 
 // Rows past qo_indptr[B] (padding of a graph bucket) are outputs nobody else writes: zero them.

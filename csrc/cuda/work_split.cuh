@@ -80,6 +80,9 @@ struct Segment {
   long long first_piece;
   int pieces, split;
   int tiles_before;
+  // The row tile's two pieces run on the two CTAs of a cluster, piece k on rank k, at the same time: they merge
+  // through distributed shared memory (configurations with kClusterPairs).
+  bool cluster_pair;
 };
 
 // How a request's row tiles are cut. Each row tile gets its share of the grid, floor(n_tiles * grid / units)
