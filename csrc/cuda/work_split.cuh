@@ -2,7 +2,7 @@
 // KV head) of one request; its keys are cut into equal pieces at the same offsets for every row tile of the
 // request, so the CTAs that run the row tiles of one KV head read each KV tile at about the same time and
 // all but the first find it in L2. Every CTA scans the indptr arrays, derives the same prefix sums and the
-// same pieces, and takes an equal share of them. The grid is a function of the device only, so one
+// same pieces, and takes an equal share of them. The grid is a function of the device and shapes only, so one
 // captured launch balances whatever lengths a replay brings.
 #pragma once
 
