@@ -30,19 +30,9 @@ __device__ __forceinline__ float load_cluster_f32(uint32_t addr) {
   return v;
 }
 // Release at cluster scope: this thread's earlier writes (and, through a CTA barrier before it, its CTA's)
-// happen before the phase of the other CTA's barrier completes.
+// happen before the phase of the other CTA's barrier completes, for a waiter in mbarrier_wait<true>.
 __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t bar) {
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-// Acquire at cluster scope: returns once the phase of this parity of this CTA's barrier has completed, with the
-// writes that the arriving CTA released visible.
-__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
 }
 // The cluster barrier in two halves: every thread arrives once its CTA's barriers are initialized (after
 // fence_barrier_init), and a thread waits before its first arrival on another CTA's barrier. Threads that have
@@ -58,7 +48,6 @@ __device__ __forceinline__ uint32_t cluster_addr(const void*, uint32_t) { return
 __device__ __forceinline__ uint4 load_cluster_16(uint32_t) { return make_uint4(0, 0, 0, 0); }
 __device__ __forceinline__ float load_cluster_f32(uint32_t) { return 0.f; }
 __device__ __forceinline__ void mbarrier_arrive_remote(uint32_t) {}
-__device__ __forceinline__ void mbarrier_wait_cluster(uint64_t*, uint32_t) {}
 __device__ __forceinline__ void fence_barrier_init() {}
 __device__ __forceinline__ void cluster_arrive() {}
 __device__ __forceinline__ void cluster_wait() {}

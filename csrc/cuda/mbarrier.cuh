@@ -19,15 +19,20 @@ __device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
 __device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
   asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
 }
-// Acquire: returns once the phase of this parity has completed.
+// Acquire: returns once the phase of this parity has completed. kCluster: at cluster scope, for a phase that
+// arrivals from another CTA of the cluster complete (cluster.cuh).
+#define KDTREE_MBARRIER_WAIT_LOOP(scope)                                         \
+  "{\n.reg .pred done;\nwait_%=:\n"                                              \
+  "mbarrier.try_wait.parity.acquire." scope ".shared::cta.b64 done, [%0], %1;\n" \
+  "@!done bra wait_%=;\n}\n"
+template <bool kCluster = false>
 __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred done;\nwait_%=:\n"
-      "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra wait_%=;\n}\n" ::"r"(smem_addr(bar)),
-      "r"(parity)
-      : "memory");
+  if constexpr (kCluster)
+    asm volatile(KDTREE_MBARRIER_WAIT_LOOP("cluster") ::"r"(smem_addr(bar)), "r"(parity) : "memory");
+  else
+    asm volatile(KDTREE_MBARRIER_WAIT_LOOP("cta") ::"r"(smem_addr(bar)), "r"(parity) : "memory");
 }
+#undef KDTREE_MBARRIER_WAIT_LOOP
 // This warpgroup's registers per thread from here on (a multiple of 8 in [24, 256]), below / above what the
 // launch gave; every warp of the warpgroup executes it. Growing waits until others have released enough.
 template <int kRegs>
@@ -41,6 +46,7 @@ __device__ __forceinline__ void claim_registers() {
 #else
 __device__ __forceinline__ void mbarrier_init(uint64_t*, int) {}
 __device__ __forceinline__ void mbarrier_arrive(uint64_t*) {}
+template <bool kCluster = false>
 __device__ __forceinline__ void mbarrier_wait(uint64_t*, uint32_t) {}
 template <int kRegs>
 __device__ __forceinline__ void release_registers() {}

@@ -255,11 +255,11 @@ __device__ void TreeVerifyCta<C>::merge_pair(const Segment& sg, int m0, const fl
       if (tid == 0) {
         cluster_wait();  // the other CTA's barriers are initialized
         mbarrier_arrive_remote(cluster_addr(pair_ready, other));
-        mbarrier_wait_cluster(pair_done, 0);  // one pair per launch: phase 0. Then this shared memory may go.
+        mbarrier_wait<true>(pair_done, 0);  // one pair per launch: phase 0. Then this shared memory may go.
       }
       return;
     }
-    mbarrier_wait_cluster(pair_ready, 0);
+    mbarrier_wait<true>(pair_ready, 0);
     const uint32_t their_sK = cluster_addr(sK, other), their_lse = cluster_addr(sRed, other);
     constexpr int kChunks = C::kDv / 8, kRowsPerPass = C::kMathThreads / 8;  // eight threads to a row
     static_assert(C::kBlockM % kRowsPerPass == 0 && kChunks % 8 == 0, "threads tile the rows");
