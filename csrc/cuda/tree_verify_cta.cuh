@@ -875,6 +875,8 @@ struct TreeVerifyCta {
   // The epilogue (tree_verify_stores.cuh). O, normalized, is staged in the K/V buffers in T.
   __device__ T* staged_chunk(int row, int chunk) const;
   __device__ void stage_output(const float (&o)[NO][4], const float (&l_run)[2]);
+  // The rows' log-sum-exps (log2; -inf where a row sees no key) into dst[row], from the lane that holds each.
+  __device__ void store_row_lse(float* dst, const float (&m_run)[2], const float (&l_run)[2]) const;
   // A whole row tile: its rows of `out`.
   __device__ void store_output(const RequestInfo& r, int h, int m0, const float (&o)[NO][4],
                                const float (&l_run)[2]);

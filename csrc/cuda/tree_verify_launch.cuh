@@ -75,6 +75,7 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   // Clusters of two where equal trees make row tiles of two pieces each, one piece per CTA (grid / 3 < row tiles
   // <= grid / 2): each pair merges through distributed shared memory (G3 91.2 -> 87.5, G5 75.1 -> 74.1 us).
   // Elsewhere the cluster launch costs more than it gains (G2 81.6 -> 86.6 us; tile_configs.h).
+  // The row tiles of the N tokens as one request: as many as equal trees make where T * G fills whole tiles.
   const int64_t even_row_tiles = static_cast<int64_t>(p.num_kv_heads) *
                                  ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM);
   p.cluster_pairs = grids.in_clusters > 0 && 3 * even_row_tiles > grids.in_clusters &&
@@ -82,9 +83,7 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   const int grid = p.cluster_pairs ? grids.in_clusters : grids.ctas;
 
   // Row tiles: sum over requests of Hkv * ceil(T_b * G / BLOCK_M) <= Hkv * (ceil(N * G / BLOCK_M) + B).
-  const int64_t row_tiles =
-      static_cast<int64_t>(p.num_kv_heads) *
-      ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM + p.batch);
+  const int64_t row_tiles = even_row_tiles + static_cast<int64_t>(p.num_kv_heads) * p.batch;
   // Pieces: sum over row tiles of max(1, floor(n_tiles * grid / units)) <= grid + row tiles.
   const int64_t slots = grid + row_tiles;
   TORCH_CHECK(slots <= INT32_MAX, "tree_verify_attention: ", row_tiles, " row tiles: too many for the work split, ",

@@ -54,6 +54,13 @@ __device__ __forceinline__ void unpack8(const uint4& chunk, float (&v)[8]) {
   }
 }
 
+// Eight floats times `scale`, as the T values of a 16-byte chunk.
+template <typename T>
+__device__ __forceinline__ uint4 pack8(const float (&v)[8], float scale) {
+  return make_uint4(pack2<T>(v[0] * scale, v[1] * scale), pack2<T>(v[2] * scale, v[3] * scale),
+                    pack2<T>(v[4] * scale, v[5] * scale), pack2<T>(v[6] * scale, v[7] * scale));
+}
+
 // Staged O: [BLOCK_M][Dv] of T at the start of the K/V buffers in the tiles' swizzled layout (mma.cuh): the
 // fragment writes (eight rows per instruction) and the row reads are both free of bank conflicts.
 template <class C>
@@ -76,6 +83,17 @@ __device__ void TreeVerifyCta<C>::stage_output(const float (&o)[NO][4], const fl
     }
   }
   math_sync();
+}
+
+template <class C>
+__device__ __forceinline__ void TreeVerifyCta<C>::store_row_lse(float* dst, const float (&m_run)[2],
+                                                                const float (&l_run)[2]) const {
+  if (wn == 0 && (lane & 3) == 0)
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const float l = l_run[half];
+      dst[wm * 16 + (lane >> 2) + 8 * half] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
+    }
 }
 
 template <class C>
@@ -105,13 +123,7 @@ template <class C>
 __device__ void TreeVerifyCta<C>::store_partial(const Segment& sg, int m0, const float (&o)[NO][4],
                                                 const float (&m_run)[2], const float (&l_run)[2]) {
   const long long slot = sg.first_piece + sg.split;  // of this piece's partial and log-sum-exps
-  if (wn == 0 && (lane & 3) == 0)
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = wm * 16 + (lane >> 2) + 8 * half;
-      const float l = l_run[half];
-      p.partial_lse[slot * C::kBlockM + row] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
-    }
+  store_row_lse(p.partial_lse + slot * C::kBlockM, m_run, l_run);
   stage_output(o, l_run);
 
   constexpr int kRows = C::kBlockM / kSlices, kChunks = C::kDv / 8;  // a slice; chunks per row
@@ -226,8 +238,7 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
 #pragma unroll
       for (int i = 0; i < kPerThread; ++i)
         *reinterpret_cast<uint4*>(out + out_offset(r, h, m0 + row0 + row) + (item(i) % kChunks) * 8) =
-            make_uint4(pack2<T>(acc[i][0] * inv, acc[i][1] * inv), pack2<T>(acc[i][2] * inv, acc[i][3] * inv),
-                       pack2<T>(acc[i][4] * inv, acc[i][5] * inv), pack2<T>(acc[i][6] * inv, acc[i][7] * inv));
+            pack8<T>(acc[i], inv);
     }
   }
   cp_async_wait<0>();
@@ -243,12 +254,7 @@ __device__ void TreeVerifyCta<C>::merge_pair(const Segment& sg, int m0, const fl
                                              const float (&m_run)[2], const float (&l_run)[2]) {
   if constexpr (C::kClusterPairs) {
     static_assert(C::kWarpsN == 1, "sRed holds a log-sum-exp per row, and nothing else, with WARPS_N = 1");
-    if ((lane & 3) == 0)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const float l = l_run[half];
-        sRed[wm * 16 + (lane >> 2) + 8 * half] = l > 0.f ? m_run[half] + __log2f(l) : -INFINITY;
-      }
+    store_row_lse(sRed, m_run, l_run);
     stage_output(o, l_run);  // its closing barrier orders the log-sum-exps too
     const uint32_t other = 1 - sg.split;  // the other piece's rank
     if (sg.split == 1) {
@@ -278,12 +284,11 @@ __device__ void TreeVerifyCta<C>::merge_pair(const Segment& sg, int m0, const fl
         float a[8], b[8];
         unpack8<T>(*reinterpret_cast<const uint4*>(own), a);
         unpack8<T>(load_cluster_16(their_sK + static_cast<uint32_t>((own - sK) * sizeof(T))), b);
-        if (m0 + row < r.rows)  // else a padding row of the tile
-          *reinterpret_cast<uint4*>(out + out_offset(r, sg.h, m0 + row) + (tid % 8 + 8 * j) * 8) =
-              make_uint4(pack2<T>((a[0] * w_mine + b[0] * w_theirs) * inv, (a[1] * w_mine + b[1] * w_theirs) * inv),
-                         pack2<T>((a[2] * w_mine + b[2] * w_theirs) * inv, (a[3] * w_mine + b[3] * w_theirs) * inv),
-                         pack2<T>((a[4] * w_mine + b[4] * w_theirs) * inv, (a[5] * w_mine + b[5] * w_theirs) * inv),
-                         pack2<T>((a[6] * w_mine + b[6] * w_theirs) * inv, (a[7] * w_mine + b[7] * w_theirs) * inv));
+        if (m0 + row < r.rows) {  // else a padding row of the tile
+#pragma unroll
+          for (int e = 0; e < 8; ++e) a[e] = a[e] * w_mine + b[e] * w_theirs;
+          *reinterpret_cast<uint4*>(out + out_offset(r, sg.h, m0 + row) + (tid % 8 + 8 * j) * 8) = pack8<T>(a, inv);
+        }
       }
     }
     math_sync();  // every read of the other CTA's shared memory has returned
