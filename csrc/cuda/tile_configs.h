@@ -341,6 +341,28 @@
 //   eight pieces and never pair, lose 0.9 and 5.0 us to the cluster launch alone (its cause not measured apart:
 //   the grid of whole clusters, or where the scheduler puts them). So the host launches in clusters only where
 //   equal trees make row tiles of two pieces (grid / 3 < row tiles <= grid / 2), and everything else as before.
+// What bounds G5's 8x over Triton (which asks 68.4-68.8 us in the committed runs). Development script, same run,
+// three repetitions' means, builds of 2afa9eb with one stage dropped (where copies are dropped the K and V buffers
+// are zeroed once; without GEMMs S is zeros the compiler cannot fold and P is kept alive), us, G1 G2 G3 G4 G5:
+//   main                                                  23.5 81.7 85.8 75.7 73.2
+//   the K copier copying nothing (V gathered)             23.0 72.7 70.3 55.3 70.3
+//   the V copier copying nothing (K gathered)             23.1 73.8 73.2 54.9 70.1
+//   neither copying (the math alone)                      21.9 67.2 65.5 44.7 66.9
+//   no GEMMs (every copy kept)                            23.8 74.5 79.8 74.2 63.6
+//   no GEMMs and no copies                                18.1 46.7 45.4 29.9 46.3
+// G5's math alone takes 66.9 us, but with either half of its gathers (K's or V's) it takes 70.1-70.3: a kernel that
+// does all the math and only half the copies misses 68.8 us, as G2's loads alone miss 72. Each half costs about
+// 3 us and both 6.3, so it is not one copier's issue rate. Without copies or GEMMs (softmax, hand-offs, epilogue)
+// G5 takes 46.3 us, about as long as its GEMMs at the measured matmul rate (48-50 us); the math alone overlaps the
+// two to 66.9 us, 72 % of that rate.
+// Power, the same builds replayed back to back for 2.5 s (nvidia-smi every 20 ms, medians; two runs): G5's main
+// draws 690 W of the board's 700 W limit at 1.80-1.82 GHz (78.3 us a call), its math alone 310 W at 1.98 GHz
+// (66.0 us), its loads alone 431 W at 1.98 GHz (61.6 us); G2's main 690 W at 1.76-1.78 GHz (84.7-85.3 us), math
+// alone 310 W, loads alone 470-500 W, both at 1.98 GHz. In a steady stream of calls the GEMMs and the copies
+// together are bound by the power limit, each alone is not: the clock drop read above (1.75 GHz "while the GEMMs
+// run") is that of the GEMMs with the copies. (A build that printed CTA 0's clock64 against globaltimer read
+// 1.79-1.81 GHz in the benchmark's bursts with and without copies, but ran 17 us slower than main: not a reading of
+// main's clock.)
 // Every split workload: the rest of the fixed costs (the schedule and setup, about 1500 cold instructions with
 // four 64-bit divisions, about 5 us; publication and merge 9-12 us): shorter code there, a merge by more threads
 // than the eight math warps; the cluster pairs (above) for more shapes than two pieces per row tile. MLA: the
