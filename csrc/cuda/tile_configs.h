@@ -355,6 +355,9 @@
 // 3 us and both 6.3, so it is not one copier's issue rate. Without copies or GEMMs (softmax, hand-offs, epilogue)
 // G5 takes 46.3 us, about as long as its GEMMs at the measured matmul rate (48-50 us); the math alone overlaps the
 // two to 66.9 us, 72 % of that rate.
+// With SGLang's Triton kernel in the same run (another machine, two rounds, us, G5): main 72.2 72.2, Triton 549.0
+// 549.4 (8x asks 68.6 68.7), the K copier copying nothing 69.1 69.1, the V copier copying nothing 68.8 68.9. Half
+// of the gathers still misses 8x there, by 0.2 us: thin, but in both rounds.
 // Power, the same builds replayed back to back for 2.5 s (nvidia-smi every 20 ms, medians; two runs): G5's main
 // draws 690 W of the board's 700 W limit at 1.80-1.82 GHz (78.3 us a call), its math alone 310 W at 1.98 GHz
 // (66.0 us), its loads alone 431 W at 1.98 GHz (61.6 us); G2's main 690 W at 1.76-1.78 GHz (84.7-85.3 us), math
