@@ -20,19 +20,40 @@ struct PersistentGrids {
   int ctas;
   int in_clusters;  // CTAs; 0 where C does not launch in clusters
 };
+
+// The launch configuration of C's kernel on `grid` CTAs with `attrs` (the occupancy query's and the launch's).
+template <class C>
+cudaLaunchConfig_t kernel_config(int grid, cudaLaunchAttribute* attrs, int num_attrs, cudaStream_t stream) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(grid);
+  config.blockDim = dim3(C::kThreads);
+  config.dynamicSmemBytes = C::kSmemBytes;
+  config.stream = stream;
+  config.attrs = attrs;
+  config.numAttrs = num_attrs;
+  return config;
+}
+
+// Clusters of C::kClusterSize CTAs along the grid.
+template <class C>
+cudaLaunchAttribute cluster_attribute() {
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = C::kClusterSize;
+  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
+  return cluster;
+}
+
 // Found once per device, with the kernel's dynamic shared-memory limit raised to what it needs at the same time,
 // so a launch makes no attribute or occupancy calls. No CTA waits for another outside its cluster, whose CTAs
 // the hardware runs together.
 template <class C>
 PersistentGrids persistent_grids(int device, const cudaDeviceProp& prop) {
-  static std::array<std::atomic<int>, 64> cached_ctas{}, cached_in_clusters{};  // ctas 0: not yet known
-  TORCH_CHECK(device >= 0 && device < static_cast<int>(cached_ctas.size()), "tree_verify_attention: device index ",
+  static std::array<std::atomic<PersistentGrids>, 64> cached{};  // ctas 0: not yet known
+  TORCH_CHECK(device >= 0 && device < static_cast<int>(cached.size()), "tree_verify_attention: device index ",
               device, " out of range");
-  PersistentGrids grids{cached_ctas[device].load(std::memory_order_acquire), 0};
-  if (grids.ctas != 0) {
-    grids.in_clusters = cached_in_clusters[device].load(std::memory_order_relaxed);
-    return grids;
-  }
+  PersistentGrids grids = cached[device].load(std::memory_order_acquire);
+  if (grids.ctas != 0) return grids;
   auto* kernel = tree_verify_attention_kernel<C>;
   cudaFuncAttributes attributes;
   C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
@@ -47,23 +68,16 @@ PersistentGrids persistent_grids(int device, const cudaDeviceProp& prop) {
   grids.ctas = per_sm * prop.multiProcessorCount;
   TORCH_CHECK(grids.ctas > 0, "tree_verify_attention: the kernel for head dims ", C::kDqk, "/", C::kDv,
               " does not fit on this GPU");
+  grids.in_clusters = 0;
   if constexpr (C::kClusterSize > 1) {
-    cudaLaunchAttribute cluster{};
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = C::kClusterSize;
-    cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-    cudaLaunchConfig_t config{};
-    config.gridDim = dim3(grids.ctas / C::kClusterSize * C::kClusterSize);
-    config.blockDim = dim3(C::kThreads);
-    config.dynamicSmemBytes = C::kSmemBytes;
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    cudaLaunchAttribute cluster = cluster_attribute<C>();
+    const cudaLaunchConfig_t config =
+        kernel_config<C>(grids.ctas / C::kClusterSize * C::kClusterSize, &cluster, 1, nullptr);
     int clusters = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
     grids.in_clusters = clusters * C::kClusterSize;
   }
-  cached_in_clusters[device].store(grids.in_clusters, std::memory_order_relaxed);
-  cached_ctas[device].store(grids.ctas, std::memory_order_release);
+  cached[device].store(grids, std::memory_order_release);
   return grids;
 }
 
@@ -111,16 +125,9 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   cudaLaunchAttribute attrs[2] = {};
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
-  attrs[1].id = cudaLaunchAttributeClusterDimension;
-  attrs[1].val.clusterDim.x = C::kClusterSize;
-  attrs[1].val.clusterDim.y = attrs[1].val.clusterDim.z = 1;
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(grid);
-  config.blockDim = dim3(C::kThreads);
-  config.dynamicSmemBytes = C::kSmemBytes;
-  config.stream = stream;
-  config.attrs = attrs;
-  config.numAttrs = prop->major < 9 ? 0 : p.cluster_pairs ? 2 : 1;
+  attrs[1] = cluster_attribute<C>();
+  const cudaLaunchConfig_t config =
+      kernel_config<C>(grid, attrs, prop->major < 9 ? 0 : p.cluster_pairs ? 2 : 1, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, tree_verify_attention_kernel<C>, p));
 }
 
