@@ -1,5 +1,5 @@
 // Compile-time shape of one tree-verify kernel: tile sizes, warp layout, GEMM path, shared-memory plan.
-// The instances and the measurements that chose them: tile_configs.h.
+// The instances: tile_configs.h; the measurements that chose them: examples/TUNING.md.
 #pragma once
 
 #include <cstddef>
@@ -41,7 +41,7 @@ struct TreeVerifyConfig {
   // never returns.
   static constexpr int kCtasPerSm = kLoadThreads > 0 && kMathThreads == 128 ? 2 : 1;
   static constexpr int kCtaRegs = 65536 / kCtasPerSm / kThreads / 8 * 8 * kThreads;
-  static constexpr int kLoadRegs = 56;  // the gatherers' copy loops spilled at 40 (tile_configs.h)
+  static constexpr int kLoadRegs = 56;  // the gatherers' copy loops spilled at 40 (examples/TUNING.md)
   static constexpr int kMathRegs = (kCtaRegs - kLoadThreads * kLoadRegs) / kMathThreads / 8 * 8;
   // Wide warp-specialized CTAs (one per SM, P in registers) may launch in clusters of two (where the shapes make
   // row tiles of two pieces, tree_verify_launch.cuh): a row tile whose two pieces run on the two CTAs of a

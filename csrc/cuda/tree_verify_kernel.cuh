@@ -1,10 +1,15 @@
 // The tree-verify kernel entry: each CTA builds the work split's schedule and runs its share of pieces.
-// The algorithm is described in tree_verify_cta.cuh.
+// The algorithm is described in tree_verify_cta.cuh; the CTA's member functions are in the headers below.
 #pragma once
 
 #include <type_traits>
 
+#include "tree_verify_gemm.cuh"
 #include "tree_verify_loads.cuh"
+#include "tree_verify_mainloop.cuh"
+#include "tree_verify_mainloop_overlapped.cuh"
+#include "tree_verify_mainloop_paired.cuh"
+#include "tree_verify_softmax.cuh"
 #include "tree_verify_stores.cuh"
 
 namespace kdtree::cuda {
@@ -18,7 +23,7 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
   const Schedule sched = build_schedule<C::kThreads, C::kBlockM, C::kBlockN>(p);
   zero_padding_rows<typename C::T>(p, C::kDv);  // after the schedule: qo_indptr is then in cache
 
-  // The piece indices' width is a register-allocation choice, measured (tile_configs.h): in 32 bits ptxas keeps
+  // The piece indices' width is a register-allocation choice, measured (examples/TUNING.md): in 32 bits ptxas keeps
   // the piece loop's control in warp-uniform registers, which frees the paired kernel's math warps of spills
   // but slows GQA's loops. 32 bits hold them: they number at most grid + row tiles, which the host checks.
   using PieceIndex = std::conditional_t<C::kPairedTiles, int, long long>;

@@ -1,5 +1,6 @@
 // Global -> shared copies of the tree-verify CTA (cp.async, 16 bytes each): the Q tile, the K/V tiles
-// gathered through kv_indices, and V over the K tile for configurations without V tiles.
+// gathered through kv_indices, V over the K tile for configurations without V tiles, and the gathering
+// warpgroup's loop that fills the K/V buffers of the warp-specialized tile loops (produce_tiles).
 #pragma once
 
 #include "tree_verify_cta.cuh"
@@ -93,6 +94,70 @@ __device__ void TreeVerifyCta<C>::load_v_over_k(const RequestInfo& r, int h, int
   cp_async_wait<0>();
   if constexpr (C::kWgmma) fence_proxy_async();
   __syncthreads();
+}
+
+// The gathering warpgroup's side of a segment (run_tiles_overlapped, run_tiles_paired). With V tiles, two
+// groups of two warps, each on its own: the first copies the K tiles, the second the V tiles (a K tile never
+// waits for a V tile's copies or buffer; one stream of all gatherers, K then V of each tile: G2 90 -> 99 us,
+// G5 86 -> 95). Paired tiles have no V tiles: all four warps copy the K tiles, in the order the buffers come
+// back (two groups of 64, one per buffer: M2 183 -> 160 us, M5 306 -> 265 as one stream).
+template <class C>
+__device__ inline void TreeVerifyCta<C>::produce_tiles(const Segment& sg) {
+  const int g = tid - C::kMathThreads;  // 0 .. kLoadThreads - 1
+  if constexpr (C::kPairedTiles) {
+    produce<false>(sg, g);
+  } else {
+    if (g < kCopiersPerSide) produce<false>(sg, g);
+    else produce<true>(sg, g - kCopiersPerSide);
+  }
+}
+
+// kCopiersPerSide gatherers (`copier` is this one's index) fill the K (kV: V) buffers: tile t of the CTA into
+// buffer t % STAGES, zeros past kt1 (a missing last B of paired tiles). Each copier waits for its own copies,
+// makes them visible to the tensor cores' reads (fence_proxy_async) and arrives on the full barrier.
+template <class C>
+template <bool kV>
+__device__ __forceinline__ void TreeVerifyCta<C>::produce(const Segment& sg, int copier) {
+  constexpr int kCopiers = kCopiersPerSide;
+  constexpr int kRowsEach = (C::kBlockN + kCopiers - 1) / kCopiers;
+  constexpr int kTileElems = C::kBlockN * (kV ? C::kDv : C::kDqk);
+  T* const tiles = kV ? sV : sK;
+  const T** const slots = kV ? sVRow : sKRow;
+  uint64_t* const full = kV ? full_v : full_k;
+  uint64_t* const empty = kV ? empty_v : empty_k;
+  const RequestInfo& r = sg.r;
+  const int kt0 = sg.kt0, kt1 = sg.kt1;
+  // This copier's keys of a tile: copier + e * kCopiers for e < kRowsEach, those within the tile.
+  auto has_key = [&](int e) { return C::kBlockN % kCopiers == 0 || copier + e * kCopiers < C::kBlockN; };
+  // Where they are in tile kt: read a tile ahead, so the index reads hide behind the copies.
+  auto rows_of = [&](int kt, const T* (&rows)[kRowsEach]) {
+#pragma unroll
+    for (int e = 0; e < kRowsEach; ++e) {
+      const KeyRows kr = has_key(e) && kt < kt1 ? key_rows(r, sg.h, kt * C::kBlockN + copier + e * kCopiers)
+                                                : KeyRows{nullptr, nullptr};
+      rows[e] = kV ? kr.v : kr.k;
+    }
+  };
+  const T* next[kRowsEach];
+  rows_of(kt0, next);
+  const int end = kt0 + C::turn_tiles(kt1 - kt0);
+  for (int kt = kt0; kt < end; ++kt) {
+    const int t = sg.tiles_before + kt - kt0, buf = t % C::kStages;
+    // A slot of row pointers per buffer: it was last read STAGES tiles ago, before the previous barrier.
+    const T** const rows = slots + buf * C::kBlockN;
+#pragma unroll
+    for (int e = 0; e < kRowsEach; ++e)
+      if (has_key(e)) rows[copier + e * kCopiers] = next[e];
+    named_barrier_sync<kCopiers>(kLoadBarrier + kV);  // the staged rows are visible to every copier
+    mbarrier_wait(empty + buf, phase_parity(t) ^ 1);  // a fresh barrier's "previous phase" counts as done
+    load_rows<kV ? C::kChunksV : C::kChunksQK, kCopiers>(rows, tiles + buf * kTileElems, copier);
+    cp_async_commit();
+    rows_of(kt + 1, next);
+    // This copier's copies landed: visible to wgmma, announced on `full`.
+    cp_async_wait<0>();
+    fence_proxy_async();
+    mbarrier_arrive(full + buf);
+  }
 }
 
 }  // namespace kdtree::cuda
