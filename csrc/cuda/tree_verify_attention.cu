@@ -6,7 +6,7 @@
 #include <torch/library.h>
 
 #include "tree_verify_args.h"
-#include "tree_verify_launch.cuh"
+#include "tree_verify_families.h"
 #include "value_checks.cuh"
 
 namespace kdtree {
@@ -29,13 +29,23 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
                                 const at::Tensor& v_cache, const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                                 const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
                                 double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                const std::optional<at::Tensor>& v_draft, at::Tensor& out) {
+                                const std::optional<at::Tensor>& v_draft, double /*k_scale*/, double /*v_scale*/,
+                                at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(q.device());
   TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
               "tree_verify_attention: on CUDA, q must be bfloat16 or float16, got ", q.scalar_type());
+  // The scales multiply fp8 caches only, and the CUDA kernels read caches of q's dtype.
+  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type(), "tree_verify_attention: on CUDA, k_cache and v_cache must "
+              "have the dtype of q (", q.scalar_type(), "), got ", k_cache.scalar_type(),
+              ": fp8 KV caches run on the CPU only in this build");
   if (cuda_value_checks_wanted()) {
     check_tree_verify_values(d, qo_indptr, kv_indptr, kv_indices, k_cache.size(0));
   }
+  // The family is chosen before the empty-call return, so a call the kernels cannot take fails at any size.
+  const cuda::TreeVerifyFamily* family = cuda::find_tree_verify_family(d.head_dim_qk, d.head_dim_v, d.num_kv_heads);
+  TORCH_CHECK(family != nullptr, "tree_verify_attention: on CUDA, head dims (Dqk, Dv) = (", d.head_dim_qk, ", ",
+              d.head_dim_v, ") with ", d.num_kv_heads, " KV heads have no kernel; the CUDA kernels take ",
+              cuda::kTreeVerifyHeadDims);
   if (d.num_tokens == 0) return;
   TORCH_CHECK(d.num_tokens <= INT32_MAX / 1024, "tree_verify_attention: too many query rows (", d.num_tokens, ")");
 
@@ -84,15 +94,7 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   p.cache_v_aliases_k = is_prefix_view(v_cache, k_cache);
   p.draft_v_aliases_k = k_draft.has_value() && is_prefix_view(*v_draft, *k_draft);
 
-  const int64_t dqk = d.head_dim_qk, dv = d.head_dim_v;
-  if (dqk == 64 && dv == 64) cuda::tree_verify_hd64(p, q);
-  else if (dqk == 128 && dv == 128) cuda::tree_verify_hd128(p, q);
-  else if (dqk == 256 && dv == 256) cuda::tree_verify_hd256(p, q);
-  else if (dqk == 576 && dv == 512 && d.num_kv_heads == 1) cuda::tree_verify_mla(p, q);
-  else
-    TORCH_CHECK(false, "tree_verify_attention: on CUDA, head dims (Dqk, Dv) must be (64, 64), (128, 128), "
-                "(256, 256), or (576, 512) with one KV head (MLA); got (", dqk, ", ", dv, ") with ",
-                d.num_kv_heads, " KV heads");
+  family->launch(p, q);
 }
 
 }  // namespace

@@ -4,13 +4,17 @@
 #include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include <array>
 #include <atomic>
 #include <cstdlib>
+#include <string>
 
+#include "heuristics.h"
 #include "split_counters.h"
 #include "tile_configs.h"
+#include "tree_verify_families.h"
 
 namespace kdtree::cuda {
 
@@ -44,6 +48,30 @@ cudaLaunchAttribute cluster_attribute() {
   return cluster;
 }
 
+// Why configuration C cannot launch on `device` ("" when it can): this build holds no kernel image for the
+// device's architecture, or C needs more shared memory than a block may have there. The launch's check and the
+// kernel-support answer (has_kernel_for) both take it, so what is advertised is what launches.
+template <class C>
+std::string launch_blocker(int device) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
+  const std::string gpu = std::string(prop->name) + " (sm_" + std::to_string(prop->major) + std::to_string(prop->minor) + ")";
+  const std::string config = std::string(C::kWgmma ? "wgmma" : "mma.sync") + " configuration for head dims " +
+                             std::to_string(C::kDqk) + "/" + std::to_string(C::kDv);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  cudaFuncAttributes attributes;
+  const cudaError_t status = cudaFuncGetAttributes(&attributes, tree_verify_attention_kernel<C>);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // the lookup's error is not sticky: clear it so later calls do not see it
+    return "this build has no kernel image of the " + config + " for " + gpu + " (" + cudaGetErrorString(status) +
+           "); rebuild with KDTREE_OPS_CUDA_ARCHS naming it";
+  }
+  const size_t need = C::kSmemBytes + attributes.sharedSizeBytes;
+  if (need > prop->sharedMemPerBlockOptin)
+    return "the " + config + " needs " + std::to_string(need) + " bytes of shared memory per block; " + gpu +
+           " allows " + std::to_string(prop->sharedMemPerBlockOptin);
+  return "";
+}
+
 // Found once per device, with the kernel's dynamic shared-memory limit raised to what it needs at the same time,
 // so a launch makes no attribute or occupancy calls. No CTA waits for another outside its cluster, whose CTAs
 // the hardware runs together.
@@ -55,12 +83,8 @@ PersistentGrids persistent_grids(int device, const cudaDeviceProp& prop) {
   PersistentGrids grids = cached[device].load(std::memory_order_acquire);
   if (grids.ctas != 0) return grids;
   auto* kernel = tree_verify_attention_kernel<C>;
-  cudaFuncAttributes attributes;
-  C10_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-  TORCH_CHECK(C::kSmemBytes + attributes.sharedSizeBytes <= prop.sharedMemPerBlockOptin,
-              "tree_verify_attention: the kernel for head dims ", C::kDqk, "/", C::kDv, " needs ",
-              C::kSmemBytes + attributes.sharedSizeBytes, " bytes of shared memory; this GPU allows ",
-              prop.sharedMemPerBlockOptin, " per block");
+  const std::string blocker = launch_blocker<C>(device);
+  TORCH_CHECK(blocker.empty(), "tree_verify_attention: ", blocker);
   C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                       static_cast<int>(C::kSmemBytes)));
   int per_sm = 0;
@@ -86,14 +110,10 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
   // A persistent grid: its size depends on the device and the shapes only, never on the lengths of a batch.
   const PersistentGrids grids = persistent_grids<C>(q.get_device(), *prop);
-  // Clusters of two where equal trees make row tiles of two pieces each, one piece per CTA (grid / 3 < row tiles
-  // <= grid / 2): each pair merges through distributed shared memory (G3 91.2 -> 87.5, G5 75.1 -> 74.1 us).
-  // Elsewhere the cluster launch costs more than it gains (G2 81.6 -> 86.6 us; tile_configs.h).
   // The row tiles of the N tokens as one request: as many as equal trees make where T * G fills whole tiles.
   const int64_t even_row_tiles = static_cast<int64_t>(p.num_kv_heads) *
                                  ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM);
-  p.cluster_pairs = grids.in_clusters > 0 && 3 * even_row_tiles > grids.in_clusters &&
-                    2 * even_row_tiles <= grids.in_clusters;
+  p.cluster_pairs = use_cluster_pairs(even_row_tiles, grids.in_clusters);  // heuristics.h
   const int grid = p.cluster_pairs ? grids.in_clusters : grids.ctas;
 
   // Row tiles: sum over requests of Hkv * ceil(T_b * G / BLOCK_M) <= Hkv * (ceil(N * G / BLOCK_M) + B).
@@ -132,17 +152,19 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
 }
 
 // The sm_90a wgmma kernels run on Hopper (sm_90) unless KDTREE_OPS_PORTABLE_MMA=1 asks for the portable
-// mma.sync path there (the GPU tests run both). Read at each launch: a host-side getenv, no device work.
-inline bool use_wgmma(const at::Tensor& q) {
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
-  if (prop->major != 9 || prop->minor != 0) return false;
+// mma.sync path there (the GPU tests run both; prefers_wgmma, heuristics.h). Read at each launch: a host-side
+// getenv, no device work.
+inline bool use_wgmma(int device) {
+  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
+  if (!prefers_wgmma(*prop)) return false;
   const char* portable = std::getenv("KDTREE_OPS_PORTABLE_MMA");
   return portable == nullptr || portable[0] == '\0' || portable[0] == '0';
 }
+inline bool use_wgmma(const at::Tensor& q) { return use_wgmma(q.get_device()); }
 
 // bf16 or fp16 instance of a head-dim family, on the wgmma or the portable path. On the wgmma path, batches
 // of short trees (at most 64 packed rows per request on average: a function of the shapes, so one captured
-// graph always takes the same kernel) take the narrow configuration.
+// graph always takes the same kernel) take the narrow configuration (use_narrow_wgmma, heuristics.h).
 template <template <typename> class Portable, template <typename> class Wgmma,
           template <typename> class WgmmaNarrow = Wgmma>
 void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q) {
@@ -150,7 +172,7 @@ void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q) {
   if (!use_wgmma(q)) {
     if (bf16) launch_tree_verify<Portable<__nv_bfloat16>>(p, q);
     else launch_tree_verify<Portable<__half>>(p, q);
-  } else if (static_cast<int64_t>(p.num_tokens) * p.group <= 64ll * p.batch) {
+  } else if (use_narrow_wgmma(p.num_tokens, p.group, p.batch)) {
     if (bf16) launch_tree_verify<WgmmaNarrow<__nv_bfloat16>>(p, q);
     else launch_tree_verify<WgmmaNarrow<__half>>(p, q);
   } else {
@@ -159,10 +181,17 @@ void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q) {
   }
 }
 
-// One per translation unit (tree_verify_<family>.cu), so the families compile in parallel.
-void tree_verify_hd64(const TreeVerifyParams& p, const at::Tensor& q);
-void tree_verify_hd128(const TreeVerifyParams& p, const at::Tensor& q);
-void tree_verify_hd256(const TreeVerifyParams& p, const at::Tensor& q);
-void tree_verify_mla(const TreeVerifyParams& p, const at::Tensor& q);
+// launch_tree_verify_family's blocker: why some configuration it may choose on `device` cannot launch there
+// ("" when every one can). Each family's translation unit exports it (tree_verify_families.h).
+template <template <typename> class Portable, template <typename> class Wgmma,
+          template <typename> class WgmmaNarrow = Wgmma>
+std::string family_blocker(int device, bool bf16) {
+  auto first = [](std::string a, std::string b) { return a.empty() ? b : a; };
+  if (!use_wgmma(device))
+    return bf16 ? launch_blocker<Portable<__nv_bfloat16>>(device) : launch_blocker<Portable<__half>>(device);
+  if (bf16)
+    return first(launch_blocker<Wgmma<__nv_bfloat16>>(device), launch_blocker<WgmmaNarrow<__nv_bfloat16>>(device));
+  return first(launch_blocker<Wgmma<__half>>(device), launch_blocker<WgmmaNarrow<__half>>(device));
+}
 
 }  // namespace kdtree::cuda

@@ -1,0 +1,42 @@
+// The head-dim families of the CUDA tree-verify kernel (one translation unit each): their shapes, entry points
+// and launch blockers. The op's dispatch (tree_verify_attention.cu) and its kernel-support answer
+// (kernel_support.cu) both read this table, so what has_kernel_for advertises is what the op runs.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tree_verify_params.h"
+
+namespace kdtree::cuda {
+
+struct TreeVerifyFamily {
+  const char* name;  // "hd128", "mla"
+  int64_t head_dim_qk, head_dim_v;
+  bool one_kv_head;  // absorbed MLA: a single latent KV head
+  // Launches the family's kernel for a validated call (bf16 or fp16 by q's dtype).
+  void (*launch)(const TreeVerifyParams& p, const at::Tensor& q);
+  // Why some configuration the launch may choose on `device` cannot run there (no kernel image for its
+  // architecture, more shared memory than a block may have); "" when every one can.
+  std::string (*blocker)(int device, bool bf16);
+};
+
+// The family of (Dqk, Dv) with Hkv KV heads, or nullptr when the CUDA kernels have none.
+const TreeVerifyFamily* find_tree_verify_family(int64_t head_dim_qk, int64_t head_dim_v, int64_t num_kv_heads);
+
+// The head dims the CUDA kernels take, for messages.
+extern const char* const kTreeVerifyHeadDims;
+
+// Per family, in its translation unit (tree_verify_<family>.cu).
+void tree_verify_hd64(const TreeVerifyParams& p, const at::Tensor& q);
+void tree_verify_hd128(const TreeVerifyParams& p, const at::Tensor& q);
+void tree_verify_hd256(const TreeVerifyParams& p, const at::Tensor& q);
+void tree_verify_mla(const TreeVerifyParams& p, const at::Tensor& q);
+std::string tree_verify_hd64_blocker(int device, bool bf16);
+std::string tree_verify_hd128_blocker(int device, bool bf16);
+std::string tree_verify_hd256_blocker(int device, bool bf16);
+std::string tree_verify_mla_blocker(int device, bool bf16);
+
+}  // namespace kdtree::cuda
