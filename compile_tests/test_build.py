@@ -1,6 +1,9 @@
-"""The JIT build: CUDA kernels compiled wherever the toolkit is, sources shipped in the wheel, one build shared
-by processes that start together (SGLang's TP ranks)."""
+"""The JIT build: CUDA kernels compiled for the visible GPUs or the named targets (CI names sm_80, sm_90a, sm_120),
+builds cached by what they hold and reused wherever they cover the machine, the ops registered on import when such
+a build is cached, sources shipped in the wheel, one build shared by processes that start together (SGLang's TP
+ranks), and a library that takes the process's C++ runtime."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -8,6 +11,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
 import torch
 
 from kdtree_ops import build
@@ -21,11 +25,108 @@ def _has_kernel(op: str, key: str) -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(f"kdtree::{op}", key)
 
 
-def test_cuda_kernels_built_exactly_when_the_toolkit_is_there(ops):
-    # CI has no GPU but has nvcc: the CUDA kernels must have compiled (sm_80, sm_90a, sm_120) and registered.
+def test_cuda_kernels_built_exactly_for_the_chosen_targets(ops):
+    # CI has no GPU but has nvcc and names its targets: the CUDA kernels must have compiled for all three.
+    archs = build.built_archs()
     for op in OPS:
         assert _has_kernel(op, "CPU"), op
-        assert _has_kernel(op, "CUDA") == build.with_cuda(), (op, build.with_cuda())
+        assert _has_kernel(op, "CUDA") == bool(archs), (op, archs)
+    if os.environ.get("CI") == "true":
+        assert archs == ["120", "80", "90a"], archs
+    elif build.requested_archs() is not None and build.with_cuda():
+        assert set(build.requested_archs()) <= set(archs), archs
+
+
+def test_default_targets_are_the_visible_gpus_or_none(monkeypatch):
+    for var in ("KDTREE_OPS_CUDA_ARCHS", "TORCH_CUDA_ARCH_LIST", "KDTREE_OPS_CPU_ONLY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(build, "with_cuda", lambda: True)
+    assert build.cuda_archs([]) == []  # no GPU, nothing named: CPU only
+    assert build.cuda_archs(["90", "86"]) == ["86", "90a"]
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0 12.0+PTX")
+    assert build.cuda_archs([]) == ["120", "80", "90a"]
+    monkeypatch.setenv("KDTREE_OPS_CUDA_ARCHS", "90a;120")  # ours wins over PyTorch's
+    assert build.cuda_archs(["80"]) == ["120", "90a"]
+    with pytest.raises(ValueError, match="not of the form"):
+        build.parse_archs("hopper")
+
+
+@pytest.mark.parametrize("targets, capability, expected", [
+    (["80", "90a", "120"], "90", True),    # the prebuilt image serves an H200
+    (["80", "90a", "120"], "86", True),    # sm_80 code runs on sm_86 (A10, A6000) and sm_89
+    (["80", "90a", "120"], "121", True),   # sm_120 code runs on sm_121 (DGX Spark)
+    (["80"], "90", False),                 # Hopper's kernels are the wgmma ones: sm_90 needs 90a
+    (["90a"], "100", False),               # an "a" target runs on its own architecture only
+    (["86"], "80", False),                 # never on an older minor
+    (["120"], "89", False),
+    ([], "90", False),
+])
+def test_a_build_covers_the_gpus_its_code_runs_on(targets, capability, expected):
+    assert build.covers(targets, capability) == expected
+
+
+def test_loading_reuses_any_cached_build_that_covers_the_machine(tmp_path, monkeypatch):
+    # Builds of these sources for (CPU), (80;90a;120) and (90a): which one each machine takes, without compiling.
+    monkeypatch.setenv("KDTREE_OPS_CACHE_DIR", str(tmp_path))
+    for var in ("KDTREE_OPS_CUDA_ARCHS", "TORCH_CUDA_ARCH_LIST", "KDTREE_OPS_CPU_ONLY"):
+        monkeypatch.delenv(var, raising=False)
+    key = build._source_key()
+    for name, archs in (("cpu", []), ("image", ["120", "80", "90a"]), ("h200", ["90a"]), ("stale", ["86"])):
+        folder = tmp_path / f"kdtree_ops_{name}"
+        folder.mkdir()
+        (folder / "lib.so").write_bytes(b"")
+        meta = {"library": "lib.so", "archs": archs, "source_key": key if name != "stale" else "other sources"}
+        (folder / "build.json").write_text(json.dumps(meta))
+    (tmp_path / "kdtree_ops_unfinished").mkdir()  # a build killed before its manifest: never taken
+    (tmp_path / "kdtree_ops_unfinished" / "lib.so").write_bytes(b"")
+
+    def chosen(capabilities, wanted=None):
+        return [lib.parent.name for lib, archs in build._complete_builds() if build._serves(archs, wanted, capabilities)][0]
+
+    assert [lib.parent.name for lib, _ in build._complete_builds()] == ["kdtree_ops_cpu", "kdtree_ops_h200",
+                                                                         "kdtree_ops_image"]
+    assert chosen([]) == "kdtree_ops_cpu"            # no GPU: the smallest build
+    assert chosen(["90"]) == "kdtree_ops_h200"       # an H200
+    assert chosen(["86", "90"]) == "kdtree_ops_image"  # an A6000 beside it: only the image covers both
+    assert chosen(["120"]) == "kdtree_ops_image"
+    assert chosen([], wanted=["80", "90a", "120"]) == "kdtree_ops_image"  # CI names its three targets
+    monkeypatch.setenv("KDTREE_OPS_CPU_ONLY", "1")
+    assert chosen(["90"]) == "kdtree_ops_cpu"        # CPU only asked for: a CPU-only build, GPU or not
+
+
+def test_import_registers_the_ops_when_a_build_is_cached(ops, tmp_path):
+    # The session's build is in the cache: a fresh process registers torch.ops.kdtree.* on `import kdtree_ops`
+    # alone, without compiling; with an empty cache the import stays cheap and registers nothing.
+    code = ("import sys, time, torch; t = time.monotonic(); import kdtree_ops; "
+            "print(hasattr(torch.ops.kdtree, 'tree_verify_attention'), round(time.monotonic() - t, 2))")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    registered = run.stdout.split()[0]
+    assert registered == "True", run.stdout + run.stderr
+    assert "compiling" not in run.stderr
+    empty = dict(os.environ, KDTREE_OPS_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=empty)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split()[0] == "False" and "compiling" not in run.stderr, run.stdout + run.stderr
+
+
+def test_library_takes_the_process_cxx_runtime(ops):
+    # A library without libstdc++ among its needed libraries, or with stream/locale code of its own, formats
+    # integers in error messages with another runtime's locale facets: a crash instead of a RuntimeError.
+    readelf, nm = shutil.which("readelf"), shutil.which("nm")
+    if readelf is None or nm is None:
+        pytest.fail("binutils (readelf, nm) are needed to check the library's linkage")
+    library = str(build.load())
+    needed = subprocess.run([readelf, "-d", library], capture_output=True, text=True, check=True).stdout
+    assert "libstdc++.so" in needed, needed
+    defined = subprocess.run([nm, "-D", "--defined-only", library], capture_output=True, text=True, check=True).stdout
+    own = [line.split()[-1] for line in defined.splitlines() if build._RUNTIME_SYMBOL.match(line.split()[-1])]
+    assert not own, own[:5]
+    with pytest.raises(RuntimeError, match=r"query heads of q \(3\) must be a multiple of the KV heads of k_cache \(2\)"):
+        torch.ops.kdtree.tree_verify_attention(
+            torch.zeros(1, 3, 8), torch.zeros(4, 2, 8), torch.zeros(4, 2, 8), torch.tensor([0, 1], dtype=torch.int32),
+            torch.tensor([0, 2], dtype=torch.int32), torch.arange(2, dtype=torch.int32),
+            torch.ones(1, 1, dtype=torch.int32), 1.0)
 
 
 def test_wheel_ships_the_sources(tmp_path):
@@ -61,10 +162,10 @@ def test_build_key_ignores_where_the_sources_sit(tmp_path):
     for place in ("checkout", "site-packages"):
         root = tmp_path / place / "csrc"
         shutil.copytree(REPO / "csrc", root)
-        keys.add(build._build_key(build._sources(root, False), root, build._flags(root, []), False))
+        keys.add(build._build_key(root, build._flags(root, []), False))
     assert len(keys) == 1
-    (root / "ops.cpp").write_text((root / "ops.cpp").read_text() + "\n// changed\n")
-    assert build._build_key(build._sources(root, False), root, build._flags(root, []), False) not in keys
+    (root / "cuda" / "mma.cuh").write_text((root / "cuda" / "mma.cuh").read_text() + "\n// changed\n")
+    assert build._build_key(root, build._flags(root, []), False) not in keys  # CUDA headers are sources too
 
 
 def test_wgmma_header_matches_its_generator(tmp_path):

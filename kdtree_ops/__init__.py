@@ -1,12 +1,17 @@
 """kdtree_ops: tree speculative-decoding verify attention as PyTorch custom ops.
 
-`import kdtree_ops` is cheap (the SGLang plugin imports it in every process); the ops library is built and
-loaded on first use of an op through this module, or by `import kdtree_ops.ops`.
+`import kdtree_ops` registers `torch.ops.kdtree.*` when a complete build for this machine is already cached (a
+dlopen, no compiling, no CUDA initialization), and otherwise stays cheap: the SGLang plugin imports this package
+in every process. `kdtree_ops.load()` builds when needed and registers the ops; `import kdtree_ops.ops` (the
+typed wrappers and fakes) calls it, and so does the first use of an op through this module.
 """
 
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
+
+from . import build
 
 __version__ = "0.1.0"
 
@@ -17,7 +22,18 @@ _OPS = (
     "tree_mask_from_dense",
     "record_divergence",
 )
-__all__ = list(_OPS)
+__all__ = ["load", *_OPS]
+
+
+def load(archs: list[str] | None = None) -> Path:
+    """Builds the ops library if no cached build serves this machine, loads it and registers `torch.ops.kdtree.*`.
+
+    archs: CUDA targets to build for (e.g. ["80", "90a", "120"]) instead of KDTREE_OPS_CUDA_ARCHS, PyTorch's
+    TORCH_CUDA_ARCH_LIST or the visible GPUs. Returns the library's path; later calls return it at once.
+    """
+    library = build.load(archs=archs)
+    importlib.import_module(".ops", __name__)  # the fakes (register_fake) belong with the schemas
+    return library
 
 
 def __getattr__(name: str):
@@ -26,3 +42,11 @@ def __getattr__(name: str):
         globals().update({op: getattr(ops, op) for op in _OPS})  # later lookups skip this hook
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+try:
+    build.load_cached()
+except Exception as exc:  # a broken cache entry must not break `import kdtree_ops`; load() rebuilds or says why
+    import sys
+
+    print(f"kdtree_ops: the cached build could not be loaded ({type(exc).__name__}: {exc})", file=sys.stderr)

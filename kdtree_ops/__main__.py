@@ -1,5 +1,5 @@
-"""Command line: `python -m kdtree_ops build` prebuilds the library; `python -m kdtree_ops bench` runs the
-GPU benchmark (workloads G1-G5, M1-M5 side by side with the baselines)."""
+"""Command line: `python -m kdtree_ops build [--archs "80;90a;120"]` prebuilds the library (e.g. into an image);
+`python -m kdtree_ops bench` runs the GPU benchmark (workloads G1-G5, M1-M5 side by side with the baselines)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,17 @@ def main(argv: list[str] | None = None) -> int:
         return bench_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m kdtree_ops", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="compile (or find in the cache) and load the kernels, print where they are")
+    build_cmd = sub.add_parser("build", help="compile (or find in the cache) and load the kernels, print where they are")
+    build_cmd.add_argument("--archs", help='CUDA targets, e.g. "80;90a;120" (default: KDTREE_OPS_CUDA_ARCHS, '
+                           "TORCH_CUDA_ARCH_LIST, or the visible GPUs; none: CPU only)")
     sub.add_parser("bench", help="GPU benchmark (python -m kdtree_ops bench -h for its options)")
-    parser.parse_args(argv)
+    args = parser.parse_args(argv)
 
-    from . import build
+    from . import build, load
 
-    path = build.load()
-    print(f"kdtree_ops: library {path} (CUDA: {'yes, sm_' + ', sm_'.join(build.cuda_archs()) if build.with_cuda() else 'no'})")
+    path = load(archs=build.parse_archs(args.archs) if args.archs else None)
+    archs = build.built_archs()
+    print(f"kdtree_ops: library {path} (CUDA: {'sm_' + ', sm_'.join(archs) if archs else 'none, CPU only'})")
     return 0
 
 

@@ -1,14 +1,20 @@
-"""JIT build of csrc/ into one shared library, loaded once per process.
+"""JIT build of csrc/ into one shared library, cached by what it holds, loaded once per process.
 
-The library is cached under a key of (sources, compiler flags, torch version, CUDA targets), so a changed
-source, a new torch or another GPU gets its own build. Processes that start together (SGLang's TP ranks)
-share one build: they serialize on a file lock and re-check for the finished library after locking.
+A build is keyed by its sources, compiler flags, compilers, torch and Python versions, and the CUDA targets it
+holds; its folder records those targets (`build.json`, written last: a killed build leaves none). Loading takes
+any complete cached build of the same sources that covers this machine, so an image prebuilt for several
+targets (`python -m kdtree_ops build --archs "80;90a;120"`) serves every GPU it covers without compiling.
+Processes that start together (SGLang's TP ranks) share one build: they serialize on a file lock and re-check
+for the finished library after locking.
+
+CUDA targets: `KDTREE_OPS_CUDA_ARCHS` (or PyTorch's `TORCH_CUDA_ARCH_LIST`) when set; otherwise the visible
+GPUs'; with neither, CPU only (a machine without a GPU does not wait minutes for kernels it cannot run).
+sm_90 builds as sm_90a, which the wgmma kernels need.
 
 Environment:
   KDTREE_OPS_CACHE_DIR    where builds live (default: $XDG_CACHE_HOME/kdtree_ops or ~/.cache/kdtree_ops)
-  KDTREE_OPS_CUDA_ARCHS   CUDA targets, e.g. "90a;120" (default: the visible GPUs', or 80;90a;120 with none;
-                          90 builds as 90a, which the wgmma kernels need)
-  KDTREE_OPS_CPU_ONLY=1   build the CPU kernels only, even where nvcc is found
+  KDTREE_OPS_CUDA_ARCHS   CUDA targets, e.g. "90a;120" (TORCH_CUDA_ARCH_LIST's "9.0;12.0" form is read too)
+  KDTREE_OPS_CPU_ONLY=1   build the CPU kernels only, even where nvcc and GPUs are found
   KDTREE_OPS_VERBOSE=1    show the compiler commands
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -28,11 +35,7 @@ from pathlib import Path
 import torch
 
 _loaded_library: Path | None = None
-
-# Targets for a machine with no visible GPU (CI compiles for them): sm_80 (Ampere, and Ada runs its code) takes
-# the portable mma.sync path; Hopper's wgmma needs the "a" target; sm_120 is Blackwell workstation
-# (RTX PRO 6000), the first production target.
-_DEFAULT_ARCHS_WITHOUT_GPU = ("80", "90a", "120")
+_MANIFEST = "build.json"
 
 
 def source_root() -> Path:
@@ -68,22 +71,90 @@ def cuda_home() -> Path | None:
     return Path(nvcc).resolve().parent.parent
 
 
-def cuda_archs() -> list[str]:
-    """CUDA targets to build: KDTREE_OPS_CUDA_ARCHS, else the visible GPUs' (sm_90 builds as 90a)."""
-    if os.environ.get("KDTREE_OPS_CUDA_ARCHS"):
-        archs = {a.strip() for a in re.split(r"[;, ]+", os.environ["KDTREE_OPS_CUDA_ARCHS"]) if a.strip()}
-    elif torch.cuda.is_available():
-        archs = {"{}{}".format(*torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())}
-    else:
-        archs = set(_DEFAULT_ARCHS_WITHOUT_GPU)
-    return sorted("90a" if a == "90" else a for a in archs)  # Hopper's kernels need the wgmma target
+def _target(arch: str) -> str:
+    """A build target from "90", "9.0", "9.0a" or "12.0+PTX": digits (and suffix); sm_90 builds as 90a."""
+    arch = arch.strip().lower().removeprefix("sm_").removesuffix("+ptx").replace(".", "")
+    if not re.fullmatch(r"\d{2,3}[af]?", arch):
+        raise ValueError(f"kdtree_ops: CUDA target {arch!r} is not of the form 80, 90a, 120 or 8.0, 9.0a, 12.0")
+    return "90a" if arch == "90" else arch  # Hopper's kernels need the wgmma target
+
+
+def parse_archs(text: str) -> list[str]:
+    """Targets from "80;90a;120", "8.0 9.0 12.0+PTX" or "80,90a" (sorted, without repeats)."""
+    return sorted({_target(a) for a in re.split(r"[;, ]+", text) if a.strip()})
+
+
+def requested_archs() -> list[str] | None:
+    """Targets named by KDTREE_OPS_CUDA_ARCHS, else TORCH_CUDA_ARCH_LIST; None when neither is set."""
+    for var in ("KDTREE_OPS_CUDA_ARCHS", "TORCH_CUDA_ARCH_LIST"):
+        if os.environ.get(var, "").strip():
+            return parse_archs(os.environ[var])
+    return None
+
+
+def visible_capabilities(initialize_cuda: bool = True) -> list[str] | None:
+    """Compute capabilities ("90", "86", ...) of the visible GPUs; None when they cannot be known.
+
+    With initialize_cuda=False (import time: SGLang imports this package in processes that fork later, and a
+    CUDA context must not exist before a fork) only torch's already initialized runtime or NVML is asked.
+    """
+    if torch.version.cuda is None or os.environ.get("CUDA_VISIBLE_DEVICES", None) == "":
+        return []
+    if initialize_cuda or torch.cuda.is_initialized():
+        if not torch.cuda.is_available():
+            return []
+        return sorted({"{}{}".format(*torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())})
+    has_device_files = any(Path("/dev").glob("nvidia[0-9]*"))
+    try:
+        import pynvml
+    except ImportError:
+        return [] if not has_device_files else None  # GPUs present, their capabilities unknown
+    try:
+        pynvml.nvmlInit()
+    except Exception:  # no driver: no GPU to serve
+        return [] if not has_device_files else None
+    try:
+        handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        return sorted({"{}{}".format(*pynvml.nvmlDeviceGetCudaComputeCapability(h)) for h in handles})
+    except Exception:
+        return None
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def covers(targets: list[str], capability: str) -> bool:
+    """Whether a build for `targets` runs on a GPU of `capability` ("86"): an exact "a"/"f" target, or a plain
+    target of the same major and a minor at most the GPU's (sm_80 code runs on sm_86 and sm_89). sm_90 needs
+    90a: the build's Hopper kernels are the wgmma ones."""
+    major, minor = int(capability[:-1]), int(capability[-1])
+    for t in targets:
+        digits = t.rstrip("af")
+        if t[-1] in "af":
+            if digits == capability:
+                return True
+        elif (major, minor) != (9, 0) and int(digits[:-1]) == major and int(digits[-1]) <= minor:
+            return True
+    return False
+
+
+def cpu_only_requested() -> bool:
+    return os.environ.get("KDTREE_OPS_CPU_ONLY", "0") not in ("", "0")
 
 
 def with_cuda() -> bool:
-    """Build the CUDA kernels: torch has CUDA, nvcc is found, and the CPU-only switch is off."""
-    if os.environ.get("KDTREE_OPS_CPU_ONLY", "0") not in ("", "0"):
-        return False
-    return torch.version.cuda is not None and cuda_home() is not None
+    """CUDA kernels can be compiled here: torch has CUDA, nvcc is found, and the CPU-only switch is off."""
+    return not cpu_only_requested() and torch.version.cuda is not None and cuda_home() is not None
+
+
+def cuda_archs(capabilities: list[str] | None = None) -> list[str]:
+    """Targets a new build compiles: the requested ones, else the visible GPUs' (none: CPU only)."""
+    if not with_cuda():
+        return []
+    requested = requested_archs()
+    if requested is not None:
+        return requested
+    caps = visible_capabilities() if capabilities is None else capabilities
+    return sorted({_target(c) for c in caps or []})
 
 
 def _sources(root: Path, cuda: bool) -> list[Path]:
@@ -109,15 +180,32 @@ def _cuda_library_headers(home: Path) -> list[str]:
     return []
 
 
-def _flags(root: Path, archs: list[str]) -> tuple[list[str], list[str]]:
-    """(C++ flags, nvcc flags): the one place compiler flags are set."""
+def _flags(root: Path, archs: list[str]) -> tuple[list[str], list[str], list[str]]:
+    """(C++ flags, nvcc flags, link flags): the one place compiler and linker flags are set.
+
+    The link names the shared C++ runtime first, by file name and outside --as-needed, so every C++ runtime
+    symbol resolves to libstdc++.so.6, the one torch uses: a static libstdc++.a that the driver would otherwise
+    take (where the toolchain's libstdc++.so link is missing, or a -static-libstdc++ is in the environment) is
+    never pulled into the library (see check_linkage).
+    """
     cflags = ["-O3", "-std=c++20", "-DNDEBUG", f"-I{root}"]
+    ldflags = ["-Wl,--push-state,--no-as-needed", "-l:libstdc++.so.6", "-Wl,--pop-state"]
     if not archs:
-        return cflags, []
+        return cflags, [], ldflags
     gencode = [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
     cuda_flags = ["-O3", "-std=c++20", "-DNDEBUG", f"-I{root}", "-lineinfo", "--expt-relaxed-constexpr",
                   "-Xptxas=-warn-spills", *_cuda_library_headers(cuda_home()), *gencode]
-    return cflags, cuda_flags
+    return cflags, cuda_flags, ldflags
+
+
+@functools.lru_cache(maxsize=None)
+def _tool_version(*command: str) -> str:
+    """First line of `command --version` ("" when the tool is missing): compilers are part of a build's key."""
+    try:
+        run = subprocess.run([*command, "--version"], capture_output=True, text=True, timeout=60)
+        return (run.stdout or run.stderr).strip().splitlines()[0] if run.returncode == 0 else ""
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return ""
 
 
 def cache_dir() -> Path:
@@ -127,47 +215,181 @@ def cache_dir() -> Path:
     return Path(base) / "kdtree_ops"
 
 
-def _build_key(sources: list[Path], root: Path, flags: tuple[list[str], list[str]], cuda: bool) -> str:
+def _source_key(root: Path | None = None) -> str:
+    """Digest of every source and header (CPU and CUDA) and of the torch and Python they build against: builds
+    of any target set from the same sources share it, and loading takes only builds that carry it."""
+    root = source_root() if root is None else root
     digest = hashlib.sha256()
-    patterns = ("*.h", "cpu/*.h") + (("cuda/*.cuh", "cuda/*.h") if cuda else ())
-    headers = sorted(p for pattern in patterns for p in root.glob(pattern))
-    for path in sorted(set(sources) | set(headers)):
-        digest.update(str(path.relative_to(root)).encode())
+    patterns = ("*.cpp", "*.h", "cpu/*", "cuda/*.cu", "cuda/*.cuh", "cuda/*.h")
+    for path in sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file()}):
+        digest.update(str(path.relative_to(root)).encode())  # where the sources sit is not part of the build
         digest.update(path.read_bytes())
-    # Where the sources sit (a checkout, site-packages) is not part of what gets built.
-    portable_flags = [[f.replace(str(root), "<csrc>") for f in group] for group in flags]
-    digest.update(repr((portable_flags, torch.__version__, torch.version.cuda, sys.version_info[:2])).encode())
+    digest.update(repr((torch.__version__, torch.version.cuda, sys.version_info[:2])).encode())
     return digest.hexdigest()[:16]
 
 
-def load(verbose: bool | None = None) -> Path:
-    """Builds (first use) and loads the library; returns its path. Safe to call repeatedly and concurrently."""
-    global _loaded_library
-    if _loaded_library is not None:
-        return _loaded_library
-    verbose = os.environ.get("KDTREE_OPS_VERBOSE", "0") not in ("", "0") if verbose is None else verbose
-    root = source_root()
-    cuda = with_cuda()
-    archs = cuda_archs() if cuda else []
-    sources = _sources(root, cuda)
-    flags = _flags(root, archs)
-    name = f"kdtree_ops_{_build_key(sources, root, flags, cuda)}"
-    build_dir = cache_dir() / name
-    build_dir.mkdir(parents=True, exist_ok=True)
-    library = build_dir / f"{name}.so"
-    complete = build_dir / "complete"  # written after a successful build: a killed build leaves none
+def _build_key(root: Path, flags: tuple[list[str], ...], cuda: bool) -> str:
+    """Digest of a build: its sources, flags (the CUDA targets among them) and compilers."""
+    portable_flags = [[f.replace(str(root), "<csrc>") for f in group] for group in flags]
+    compilers = [_tool_version(os.environ.get("CXX", "c++"))]
+    if cuda:
+        compilers.append(_tool_version(str(cuda_home() / "bin" / "nvcc")))
+    return hashlib.sha256(repr((_source_key(root), portable_flags, compilers)).encode()).hexdigest()[:16]
 
-    with open(build_dir / "build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building this very key: wait, then re-check
-        if not complete.exists():
-            _compile(name, sources, flags, build_dir, archs, verbose)
-            complete.touch()
+
+def _complete_builds() -> list[tuple[Path, list[str]]]:
+    """(library, targets) of every finished build of these sources in the cache, fewest targets first."""
+    key = _source_key()
+    found = []
+    for manifest in cache_dir().glob(f"kdtree_ops_*/{_MANIFEST}"):
+        try:
+            meta = json.loads(manifest.read_text())
+        except (OSError, ValueError):
+            continue
+        library = manifest.parent / meta.get("library", "")
+        if meta.get("source_key") == key and library.is_file():
+            found.append((library, list(meta.get("archs", []))))
+    return sorted(found, key=lambda item: (len(item[1]), str(item[0])))
+
+
+def _serves(targets: list[str], wanted: list[str] | None, capabilities: list[str]) -> bool:
+    """Whether a build of `targets` serves: it holds every requested target (or, with none requested, covers
+    every visible GPU); KDTREE_OPS_CPU_ONLY=1 takes only a CPU-only build."""
+    if cpu_only_requested():
+        return not targets
+    if wanted is not None:
+        return set(wanted) <= set(targets)
+    return all(covers(targets, c) for c in capabilities)
+
+
+def _register(library: Path) -> Path:
+    global _loaded_library
+    _share_cxx_runtime()
     torch.ops.load_library(str(library))
     _loaded_library = library
     return library
 
 
-def _compile(name: str, sources: list[Path], flags: tuple[list[str], list[str]], build_dir: Path,
+def load_cached() -> Path | None:
+    """Loads a complete cached build that serves this machine, without compiling or initializing CUDA.
+
+    Returns its path, or None (nothing loaded) when none is cached or the GPUs cannot be known without CUDA.
+    """
+    if _loaded_library is not None:
+        return _loaded_library
+    capabilities = visible_capabilities(initialize_cuda=False)
+    if capabilities is None:
+        return None
+    wanted = requested_archs() if with_cuda() else None
+    for library, targets in _complete_builds():
+        if _serves(targets, wanted, capabilities):
+            return _register(library)
+    return None
+
+
+def load(archs: list[str] | None = None, verbose: bool | None = None) -> Path:
+    """Builds (when no cached build serves this machine) and loads the library; returns its path.
+
+    archs: CUDA targets to build for instead of the environment's choice (e.g. ["80", "90a", "120"] for an
+    image). Safe to call repeatedly and concurrently; the ops are registered once per process.
+    """
+    if _loaded_library is not None:
+        return _loaded_library
+    verbose = os.environ.get("KDTREE_OPS_VERBOSE", "0") not in ("", "0") if verbose is None else verbose
+    capabilities = visible_capabilities()
+    wanted = parse_archs(";".join(archs)) if archs is not None else (requested_archs() if with_cuda() else None)
+    if archs is None:
+        for library, targets in _complete_builds():
+            if _serves(targets, wanted, capabilities):
+                return _register(library)
+    targets = wanted if wanted is not None else cuda_archs(capabilities)
+    if targets and not with_cuda():
+        raise RuntimeError(f"kdtree_ops: CUDA targets {targets} asked for, but "
+                           + ("KDTREE_OPS_CPU_ONLY is set" if cpu_only_requested() else
+                              "no CUDA toolkit (nvcc) was found and torch " + (
+                                  "has no CUDA" if torch.version.cuda is None else "has CUDA")))
+    return _register(_build(targets, verbose))
+
+
+def _build(archs: list[str], verbose: bool) -> Path:
+    """Compiles the library for `archs` (empty: CPU only) into the cache, or finds it built; returns its path."""
+    root = source_root()
+    cuda = bool(archs)
+    sources = _sources(root, cuda)
+    flags = _flags(root, archs)
+    name = f"kdtree_ops_{_build_key(root, flags, cuda)}"
+    build_dir = cache_dir() / name
+    build_dir.mkdir(parents=True, exist_ok=True)
+    library = build_dir / f"{name}.so"
+    manifest = build_dir / _MANIFEST
+    with open(build_dir / "build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building this very key: wait, then re-check
+        if not manifest.exists():
+            _compile(name, sources, flags, build_dir, archs, verbose)
+            check_linkage(library)
+            meta = {"library": library.name, "archs": archs, "source_key": _source_key(),
+                    "torch": torch.__version__, "built": time.strftime("%Y-%m-%d %H:%M:%S")}
+            tmp = manifest.with_suffix(".tmp")
+            tmp.write_text(json.dumps(meta, indent=1))
+            tmp.replace(manifest)
+    return library
+
+
+def built_archs() -> list[str]:
+    """CUDA targets of the loaded library ([] for a CPU-only build or when none is loaded)."""
+    if _loaded_library is None:
+        return []
+    try:
+        return list(json.loads((_loaded_library.parent / _MANIFEST).read_text()).get("archs", []))
+    except (OSError, ValueError):
+        return []
+
+
+def _share_cxx_runtime() -> None:
+    """Puts the process's libstdc++.so.6 (loaded by torch) in the global symbol scope before the library loads.
+
+    torch loads it privately (RTLD_LOCAL), and a library opened with dlopen looks a symbol up in the global
+    scope first, then in itself, then in its dependencies: a C++ runtime symbol that the library defines too
+    (a template instance the compiler emitted) would bind to the library's own copy, and its streams would then
+    use another copy's locale facets. Made global, the one runtime wins every lookup.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL("libstdc++.so.6", mode=os.RTLD_NOW | os.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))
+    except OSError:  # not loaded in this process (another C++ runtime): nothing to share
+        pass
+
+
+# Symbols of the C++ runtime's streams and locales. Defined in (or bound inside) the library, they make it use
+# a second copy of std::locale's facet ids, and formatting an integer (every TORCH_CHECK message with a number)
+# reads another copy's facets: a crash instead of an error.
+_RUNTIME_SYMBOL = re.compile(r"^_ZN(?:K?So|K?Si|St6locale|St8ios_base|KSt7num_put|St7num_put|St15basic_stringbuf)")
+
+
+def check_linkage(library: Path) -> None:
+    """Fails the build when the library does not depend on libstdc++.so; warns when it defines stream symbols.
+
+    Needs binutils (readelf, nm), which the link needed too, and checks nothing where they are missing. Stream
+    or locale symbols defined in the library are harmless once _share_cxx_runtime has run, so they only warn.
+    """
+    readelf, nm = shutil.which("readelf"), shutil.which("nm")
+    if readelf is None or nm is None:
+        return
+    needed = subprocess.run([readelf, "-d", str(library)], capture_output=True, text=True).stdout
+    defined = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True).stdout
+    own = sorted({line.split()[-1] for line in defined.splitlines() if _RUNTIME_SYMBOL.match(line.split()[-1])})
+    if own:
+        print(f"kdtree_ops: warning: {library.name} defines {len(own)} C++ stream/locale symbols of its own "
+              f"(e.g. {', '.join(own[:3])}); they are bound to the process's libstdc++ at load", file=sys.stderr)
+    if "libstdc++.so" not in needed:
+        raise RuntimeError(
+            f"kdtree_ops: the built library {library} does not depend on libstdc++.so (readelf -d): it carries a "
+            "C++ runtime of its own, and error messages that format integers would crash the process instead of "
+            "raising. Check the host compiler and linker (CXX, LDFLAGS, a -static-libstdc++ in the environment).")
+
+
+def _compile(name: str, sources: list[Path], flags: tuple[list[str], list[str], list[str]], build_dir: Path,
              archs: list[str], verbose: bool) -> None:
     if archs:
         os.environ["CUDA_HOME"] = str(cuda_home())
@@ -175,15 +397,16 @@ def _compile(name: str, sources: list[Path], flags: tuple[list[str], list[str]],
 
     if archs:
         cpp_extension.CUDA_HOME = str(cuda_home())  # in case torch had made its own guess at an earlier import
-    target = "CPU" + (" + CUDA " + ", ".join(f"sm_{a}" for a in archs) if archs else "")
+    target = "CPU" + (" + CUDA " + ", ".join(f"sm_{a}" for a in archs) if archs else " only (no CUDA targets)")
     print(f"kdtree_ops: compiling {len(sources)} sources for {target} into {build_dir} "
-          "(first use only; takes minutes) ...", file=sys.stderr, flush=True)
+          "(first use only; about a minute per target on a few cores) ...", file=sys.stderr, flush=True)
     start = time.monotonic()
     cpp_extension.load(
         name=name,
         sources=[str(s) for s in sources],
         extra_cflags=flags[0],
         extra_cuda_cflags=flags[1],
+        extra_ldflags=flags[2],
         build_directory=str(build_dir),
         with_cuda=bool(archs),
         is_python_module=False,
