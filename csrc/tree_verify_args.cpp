@@ -12,6 +12,19 @@ void check_float_dtype(const at::Tensor& t, const char* name, at::ScalarType exp
               expected, "), got ", t.scalar_type());
 }
 
+// k_cache/v_cache: q's dtype, or one fp8 dtype for both (then the key/value is stored value x scale).
+void check_cache_dtypes(const at::Tensor& k_cache, const at::Tensor& v_cache, at::ScalarType q_dtype) {
+  const auto cache_dtype = k_cache.scalar_type();
+  if (!is_fp8_cache_dtype(cache_dtype)) {
+    TORCH_CHECK(cache_dtype == q_dtype, "tree_verify_attention: k_cache must have the dtype of q (", q_dtype,
+                ") or be an fp8 KV cache (float8_e4m3fn or float8_e5m2), got ", cache_dtype);
+    check_float_dtype(v_cache, "v_cache", q_dtype);
+    return;
+  }
+  TORCH_CHECK(v_cache.scalar_type() == cache_dtype, "tree_verify_attention: v_cache must have the dtype of the fp8 ",
+              "k_cache (", cache_dtype, "), got ", v_cache.scalar_type());
+}
+
 void check_same_device(const at::Tensor& t, const char* name, const at::Tensor& q) {
   TORCH_CHECK(t.device() == q.device(), "tree_verify_attention: ", name, " must be on the device of q (",
               q.device(), "), got ", t.device());
@@ -28,6 +41,10 @@ void check_shape(const at::Tensor& t, const char* name, at::IntArrayRef expected
 }
 
 }  // namespace
+
+bool is_fp8_cache_dtype(at::ScalarType dtype) {
+  return dtype == at::ScalarType::Float8_e4m3fn || dtype == at::ScalarType::Float8_e5m2;
+}
 
 TreeVerifyDims check_tree_verify_args(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& qo_indptr,
@@ -59,8 +76,7 @@ TreeVerifyDims check_tree_verify_args(
               "tree_verify_attention: v_cache must be [S, Hkv, Dv] with S and Hkv of k_cache ",
               k_cache.sizes(), ", got ", v_cache.sizes());
 
-  check_float_dtype(k_cache, "k_cache", dtype);
-  check_float_dtype(v_cache, "v_cache", dtype);
+  check_cache_dtypes(k_cache, v_cache, dtype);
   check_same_device(k_cache, "k_cache", q);
   check_same_device(v_cache, "v_cache", q);
   check_inner_contiguous(q, "q");
@@ -159,10 +175,20 @@ at::Tensor new_attention_output(const at::Tensor& q, const TreeVerifyDims& d) {
   return at::empty({d.num_tokens, d.num_q_heads, d.head_dim_v}, q.options());
 }
 
-void check_tree_verify_scalars(double sm_scale, double logit_cap) {
+void check_tree_verify_scalars(double sm_scale, double logit_cap, double k_scale, double v_scale,
+                               at::ScalarType cache_dtype) {
   TORCH_CHECK(std::isfinite(sm_scale), "tree_verify_attention: sm_scale must be finite, got ", sm_scale);
   TORCH_CHECK(std::isfinite(logit_cap) && logit_cap >= 0.0,
               "tree_verify_attention: logit_cap must be finite and >= 0 (0 disables it), got ", logit_cap);
+  TORCH_CHECK(std::isfinite(k_scale) && k_scale > 0.0,
+              "tree_verify_attention: k_scale must be finite and > 0 (k_cache's key = stored value x k_scale), got ",
+              k_scale);
+  TORCH_CHECK(std::isfinite(v_scale) && v_scale > 0.0,
+              "tree_verify_attention: v_scale must be finite and > 0 (v_cache's value = stored value x v_scale), got ",
+              v_scale);
+  TORCH_CHECK(is_fp8_cache_dtype(cache_dtype) || (k_scale == 1.0 && v_scale == 1.0),
+              "tree_verify_attention: k_scale and v_scale multiply fp8 KV caches only; with a ", cache_dtype,
+              " k_cache they must be 1.0, got ", k_scale, " and ", v_scale);
 }
 
 bool debug_checks_enabled() {

@@ -23,12 +23,16 @@ struct TreeVerifyDims {
   bool draft_in_cache;   // true: the draft tokens' K/V are the last T_b slots of each request
 };
 
+// True for the fp8 dtypes a KV cache may have (float8_e4m3fn, float8_e5m2).
+bool is_fp8_cache_dtype(at::ScalarType dtype);
+
 // Validates shapes, dtypes, devices and strides; `out` (when given) must be [N, Hq, Dv], contiguous,
-// dtype of q.
+// dtype of q. The caches have q's dtype, or are both float8_e4m3fn or both float8_e5m2 (an fp8 KV cache);
+// k_draft/v_draft always have q's dtype.
 TreeVerifyDims check_tree_verify_args(
-    const at::Tensor& q,                     // [N, Hq, Dqk]
-    const at::Tensor& k_cache,               // [S, Hkv, Dqk]
-    const at::Tensor& v_cache,               // [S, Hkv, Dv]
+    const at::Tensor& q,                     // [N, Hq, Dqk] float32 | bfloat16 | float16
+    const at::Tensor& k_cache,               // [S, Hkv, Dqk] dtype of q, or fp8
+    const at::Tensor& v_cache,               // [S, Hkv, Dv] dtype of k_cache
     const at::Tensor& qo_indptr,             // [B+1] int32
     const at::Tensor& kv_indptr,             // [B+1] int32
     const at::Tensor& kv_indices,            // [>= kv_indptr[B]] int32 | int64
@@ -37,8 +41,11 @@ TreeVerifyDims check_tree_verify_args(
     const std::optional<at::Tensor>& v_draft,  // [N, Hkv, Dv] or None
     const at::Tensor* out);                  // [N, Hq, Dv] or nullptr
 
-// Validates sm_scale (finite) and logit_cap (finite, >= 0; 0 disables it).
-void check_tree_verify_scalars(double sm_scale, double logit_cap);
+// Validates sm_scale (finite), logit_cap (finite, >= 0; 0 disables it) and the cache scales k_scale, v_scale
+// (finite, > 0: an fp8 cache row's key/value is its stored value times its scale; the scales multiply fp8 caches
+// only, so with a cache in q's dtype they must be 1.0 rather than be ignored).
+void check_tree_verify_scalars(double sm_scale, double logit_cap, double k_scale, double v_scale,
+                               at::ScalarType cache_dtype);
 
 // Validates the index tensors' values (reads them: host sync on CUDA). Takes CPU tensors.
 void check_tree_verify_values(
@@ -54,12 +61,14 @@ at::Tensor new_attention_output(const at::Tensor& q, const TreeVerifyDims& dims)
 // True when KDTREE_OPS_DEBUG=1: the CUDA path then also runs the value checks (outside graph capture).
 bool debug_checks_enabled();
 
-// One device's implementation: computes the attention of a validated call into `out` ([N, Hq, Dv]).
+// One device's implementation: computes the attention of a validated call into `out` ([N, Hq, Dv]). k_scale and
+// v_scale multiply the fp8 cache rows' keys and values (1.0 for other caches), never k_draft/v_draft.
 using TreeVerifyImpl = void (*)(const TreeVerifyDims& dims, const at::Tensor& q, const at::Tensor& k_cache,
                                 const at::Tensor& v_cache, const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                                 const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
                                 double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                const std::optional<at::Tensor>& v_draft, at::Tensor& out);
+                                const std::optional<at::Tensor>& v_draft, double k_scale, double v_scale,
+                                at::Tensor& out);
 
 // The two schemas' entry points around an implementation, the same on every device: the arguments are
 // checked (shapes, dtypes, scalars: no tensor values), then the functional form allocates its output.
@@ -68,13 +77,13 @@ at::Tensor tree_verify_attention_entry(const at::Tensor& q, const at::Tensor& k_
                                        const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                                        const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
                                        double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                       const std::optional<at::Tensor>& v_draft) {
+                                       const std::optional<at::Tensor>& v_draft, double k_scale, double v_scale) {
   const TreeVerifyDims dims = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
                                                      tree_mask, k_draft, v_draft, nullptr);
-  check_tree_verify_scalars(sm_scale, logit_cap);
+  check_tree_verify_scalars(sm_scale, logit_cap, k_scale, v_scale, k_cache.scalar_type());
   at::Tensor out = new_attention_output(q, dims);
   Impl(dims, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft,
-       out);
+       k_scale, v_scale, out);
   return out;
 }
 
@@ -83,12 +92,13 @@ void tree_verify_attention_out_entry(const at::Tensor& q, const at::Tensor& k_ca
                                      const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                                      const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
                                      double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                     const std::optional<at::Tensor>& v_draft, at::Tensor out) {
+                                     const std::optional<at::Tensor>& v_draft, double k_scale, double v_scale,
+                                     at::Tensor out) {
   const TreeVerifyDims dims = check_tree_verify_args(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
                                                      tree_mask, k_draft, v_draft, &out);
-  check_tree_verify_scalars(sm_scale, logit_cap);
+  check_tree_verify_scalars(sm_scale, logit_cap, k_scale, v_scale, k_cache.scalar_type());
   Impl(dims, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft,
-       out);
+       k_scale, v_scale, out);
 }
 
 }  // namespace kdtree

@@ -43,11 +43,18 @@ class VerifyCase:
     parents: torch.Tensor  # [N] int32, within-request parent index, -1 root (padding rows: -1)
     tree_sizes: list[int]
     prefix_lens: list[int]
+    k_scale: float = 1.0  # an fp8 k_cache's key = stored value x k_scale
+    v_scale: float = 1.0
 
     def args(self) -> tuple:
-        """Positional arguments of tree_verify_attention, in schema order."""
+        """Positional arguments of tree_verify_attention in schema order, up to v_draft (the scales keep their
+        defaults: use `scaled_args` for a case with scales)."""
         return (self.q, self.k_cache, self.v_cache, self.qo_indptr, self.kv_indptr, self.kv_indices,
                 self.tree_mask, self.sm_scale, self.logit_cap, self.k_draft, self.v_draft)
+
+    def scaled_args(self) -> tuple:
+        """`args()` followed by k_scale and v_scale: every positional argument of tree_verify_attention."""
+        return self.args() + (self.k_scale, self.v_scale)
 
     def to(self, device) -> "VerifyCase":
         """The same case on `device`, keeping every view's strides and every alias (k_cache/v_cache)."""
@@ -88,6 +95,9 @@ def make_verify_case(
     head_dim_qk: int,
     head_dim_v: int,
     dtype: torch.dtype = torch.float32,
+    kv_dtype: torch.dtype | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     device="cpu",
     draft_mode: str = "cache",
     layout: str = "contiguous",
@@ -106,7 +116,10 @@ def make_verify_case(
         prefix_lens: L_b per request (committed prefix length; 0 allowed).
         num_q_heads, num_kv_heads: Hq, Hkv (Hq % Hkv == 0).
         head_dim_qk, head_dim_v: Dqk, Dv (Dv <= Dqk for layout="mla").
-        dtype: of q, caches and draft K/V.
+        dtype: of q and draft K/V, and of the caches unless kv_dtype is given.
+        kv_dtype: of k_cache/v_cache (default: dtype); float8_e4m3fn or float8_e5m2 for an fp8 KV cache.
+        k_scale, v_scale: the caches hold the random keys/values divided by these scales (clamped to kv_dtype's
+            range, then cast): the key/value is stored value x scale. layout="mla" stores the latent with k_scale.
         device: where the case lives (built on the CPU, then moved with `VerifyCase.to`).
         draft_mode: "cache" — the draft tokens' K/V are the last T_b slots of each request;
             "separate" — they are rows of k_draft/v_draft and the slots hold the prefix only.
@@ -138,6 +151,14 @@ def make_verify_case(
     def randn(*shape):
         return torch.randn(*shape, generator=gen, dtype=torch.float32).to(dtype)
 
+    cache_dtype = dtype if kv_dtype is None else kv_dtype
+    cache_max = torch.finfo(cache_dtype).max
+
+    def cache_randn(*shape, scale):
+        # The same draws as randn; stored = value / scale (x / 1.0 is x: unscaled caches are as before).
+        values = torch.randn(*shape, generator=gen, dtype=torch.float32) / scale
+        return values.clamp(-cache_max, cache_max).to(cache_dtype)
+
     batch = len(tree_sizes)
     num_real = sum(tree_sizes)
     n = num_real + pad_rows
@@ -166,7 +187,7 @@ def make_verify_case(
     kv_indptr = torch.tensor([0] + list(_cumsum(slots_per_request)), dtype=torch.int32)
 
     q = randn(n, num_q_heads, head_dim_qk)
-    k_values = randn(pool, num_kv_heads, head_dim_qk)
+    k_values = cache_randn(pool, num_kv_heads, head_dim_qk, scale=k_scale)
     if layout == "mla":
         k_cache = k_values
         v_cache = k_cache[..., :head_dim_v]
@@ -174,13 +195,13 @@ def make_verify_case(
         q = _padded(q, 8)
         k_cache = _padded(k_values, 8)  # head stride Dqk + 8
         # Heads interleaved with unused ones, as a pool holding two caches head by head: head stride 2 (Dv + 4).
-        v_buf = torch.full((pool, 2 * num_kv_heads, head_dim_v + 4), _poison(dtype), dtype=dtype)
+        v_buf = torch.full((pool, 2 * num_kv_heads, head_dim_v + 4), _poison(cache_dtype), dtype=cache_dtype)
         v_cache = v_buf[:, ::2, :head_dim_v]
-        v_cache.copy_(randn(pool, num_kv_heads, head_dim_v))
+        v_cache.copy_(cache_randn(pool, num_kv_heads, head_dim_v, scale=v_scale))
         tree_mask = _padded(tree_mask, 3)
     else:
         k_cache = k_values
-        v_cache = randn(pool, num_kv_heads, head_dim_v)
+        v_cache = cache_randn(pool, num_kv_heads, head_dim_v, scale=v_scale)
 
     k_draft = v_draft = None
     if draft_mode == "separate":
@@ -191,7 +212,7 @@ def make_verify_case(
         q=q, k_cache=k_cache, v_cache=v_cache, qo_indptr=qo_indptr, kv_indptr=kv_indptr, kv_indices=kv_indices,
         tree_mask=tree_mask, sm_scale=1.0 / math.sqrt(head_dim_qk), logit_cap=float(logit_cap),
         k_draft=k_draft, v_draft=v_draft, parents=parents, tree_sizes=list(tree_sizes),
-        prefix_lens=list(prefix_lens),
+        prefix_lens=list(prefix_lens), k_scale=float(k_scale), v_scale=float(v_scale),
     )
     return case if torch.device(device).type == "cpu" else case.to(device)
 

@@ -30,8 +30,13 @@ def tree_verify_attention_reference(
     logit_cap: float = 0.0,
     k_draft: torch.Tensor | None = None,
     v_draft: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Reference of `kdtree_ops.tree_verify_attention` (same arguments, see its docstring).
+
+    Cache rows are dequantized in float64 (`stored.double() * scale`), exactly the key/value an fp8 cache
+    holds; k_draft/v_draft rows are taken as they are (unscaled).
 
     Returns:
         [N, Hq, Dv] **float64** on q's device; the caller converts (compare a kernel's output as
@@ -50,14 +55,14 @@ def tree_verify_attention_reference(
             continue
         slots = kv_indices[kv[b] : kv[b + 1]].long()
         prefix_len = slots.numel() - t if k_draft is None else slots.numel()
-        if k_draft is None:
-            keys = k_cache[slots]  # [L + T, Hkv, Dqk]: prefix then draft tokens
-            values = v_cache[slots]
-        else:
-            keys = torch.cat([k_cache[slots[:prefix_len]], k_draft[qo[b] : qo[b + 1]]])
-            values = torch.cat([v_cache[slots[:prefix_len]], v_draft[qo[b] : qo[b + 1]]])
-        keys = keys.double().repeat_interleave(group, dim=1)  # [L + T, Hq, Dqk]
-        values = values.double().repeat_interleave(group, dim=1)
+        cache_slots = slots if k_draft is None else slots[:prefix_len]
+        keys = k_cache[cache_slots].double() * k_scale  # without k_draft: prefix then draft tokens
+        values = v_cache[cache_slots].double() * v_scale
+        if k_draft is not None:
+            keys = torch.cat([keys, k_draft[qo[b] : qo[b + 1]].double()])
+            values = torch.cat([values, v_draft[qo[b] : qo[b + 1]].double()])
+        keys = keys.repeat_interleave(group, dim=1)  # [L + T, Hq, Dqk]
+        values = values.repeat_interleave(group, dim=1)
         visible = torch.cat(
             [
                 torch.ones(t, prefix_len, dtype=torch.bool, device=q.device),

@@ -5,6 +5,9 @@
 // every query head of that KV head's group from the same key/value loads (the CPU analogue of packing a
 // GQA group into one tile). Keys go in blocks: scores of a block first, then one online-softmax rescale
 // per block, so the running max is updated ~L/kKeyBlock times rather than once per key. fp32 throughout.
+//
+// fp8 KV caches: a cache row is converted to fp32 and multiplied by its scale as it is read (the key/value is
+// stored value x k_scale/v_scale); draft rows passed in k_draft/v_draft are in q's dtype and unscaled.
 #include <ATen/ATen.h>
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
@@ -15,6 +18,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "tree_verify_args.h"
@@ -26,12 +30,13 @@ namespace {
 // for every group size in the benchmark table (group <= 128).
 constexpr int64_t kKeyBlock = 64;
 
-// Raw pointers and strides of one call, read-only in the task loop.
-template <typename scalar_t, typename index_t>
+// Raw pointers and strides of one call, read-only in the task loop. scalar_t: q's dtype (also the output's and
+// the draft K/V's); cache_t: the caches' (scalar_t, or an fp8 type).
+template <typename scalar_t, typename cache_t, typename index_t>
 struct CpuParams {
   const scalar_t* q;          // [N, Hq, Dqk], strides q_row / q_head
-  const scalar_t* k_cache;    // [S, Hkv, Dqk], strides k_row / k_head
-  const scalar_t* v_cache;    // [S, Hkv, Dv], strides v_row / v_head
+  const cache_t* k_cache;     // [S, Hkv, Dqk], strides k_row / k_head; key = stored x k_scale
+  const cache_t* v_cache;     // [S, Hkv, Dv], strides v_row / v_head; value = stored x v_scale
   const scalar_t* k_draft;    // [N, Hkv, Dqk] or nullptr (draft K/V then in the cache)
   const scalar_t* v_draft;    // [N, Hkv, Dv] or nullptr
   const int32_t* qo_indptr;   // [B+1]
@@ -44,18 +49,26 @@ struct CpuParams {
   int64_t kd_row, kd_head, vd_row, vd_head, mask_row;
   int64_t group, num_kv_heads, dqk, dv;
   float sm_scale, logit_cap;
+  float k_scale, v_scale;     // of the cache rows only
 };
 
-// One key of a task: where its K and V rows are.
-template <typename scalar_t>
+// One key of a task: its value row, in the cache (cache_t, scaled by v_scale) or in v_draft (scalar_t, unscaled).
+template <typename scalar_t, typename cache_t>
 struct KeyRef {
-  const scalar_t* k;
-  const scalar_t* v;
+  const cache_t* v_cache_row;  // nullptr for a draft row
+  const scalar_t* v_draft_row;
 };
+
+// dst[d] = src[d] as fp32, times scale (1 for rows in q's dtype: exact, so unscaled rows read as before).
+template <typename T>
+void load_row(const T* src, int64_t len, float scale, float* dst) {
+  for (const auto d : c10::irange(len)) dst[d] = static_cast<float>(src[d]) * scale;
+}
 
 // Attention of the `group` query heads sharing KV head `kvh`, for query row `row`.
-template <typename scalar_t, typename index_t>
-void attend_row(const CpuParams<scalar_t, index_t>& p, int64_t row, int64_t kvh, std::vector<float>& scratch) {
+template <typename scalar_t, typename cache_t, typename index_t>
+void attend_row(const CpuParams<scalar_t, cache_t, index_t>& p, int64_t row, int64_t kvh,
+                std::vector<float>& scratch) {
   const int64_t G = p.group, Dqk = p.dqk, Dv = p.dv;
   scalar_t* out = p.out + (row * p.num_kv_heads + kvh) * G * Dv;  // the group's heads are adjacent in out
   const int32_t b = p.row_request[row];
@@ -89,7 +102,7 @@ void attend_row(const CpuParams<scalar_t, index_t>& p, int64_t row, int64_t kvh,
   }
   std::fill(acc, acc + G * Dv, 0.f);
 
-  KeyRef<scalar_t> block[kKeyBlock];
+  KeyRef<scalar_t, cache_t> block[kKeyBlock];
   int64_t block_len = 0;
   auto flush = [&]() {
     if (block_len == 0) return;  // (also keeps exp(-inf - -inf) away from a row that saw nothing)
@@ -106,7 +119,8 @@ void attend_row(const CpuParams<scalar_t, index_t>& p, int64_t row, int64_t kvh,
       for (const auto t : c10::irange(block_len)) s[t] = std::exp(s[t] - block_max);
     }
     for (const auto t : c10::irange(block_len)) {
-      for (const auto d : c10::irange(Dv)) vf[d] = static_cast<float>(block[t].v[d]);
+      if (block[t].v_cache_row != nullptr) load_row(block[t].v_cache_row, Dv, p.v_scale, vf);
+      else load_row(block[t].v_draft_row, Dv, 1.f, vf);
       for (const auto h : c10::irange(G)) {
         const float w = scores[h * kKeyBlock + t];
         run_sum[h] += w;
@@ -116,8 +130,8 @@ void attend_row(const CpuParams<scalar_t, index_t>& p, int64_t row, int64_t kvh,
     }
     block_len = 0;
   };
-  auto add_key = [&](const scalar_t* k, const scalar_t* v) {
-    for (const auto d : c10::irange(Dqk)) kf[d] = static_cast<float>(k[d]);
+  // kf holds the key in fp32 (already scaled); `value` says where its value row is.
+  auto add_key = [&](const KeyRef<scalar_t, cache_t>& value) {
     for (const auto h : c10::irange(G)) {
       const float* qh = qf + h * Dqk;
       float dot = 0.f;
@@ -126,24 +140,25 @@ void attend_row(const CpuParams<scalar_t, index_t>& p, int64_t row, int64_t kvh,
       if (p.logit_cap > 0.f) s = p.logit_cap * std::tanh(s / p.logit_cap);
       scores[h * kKeyBlock + block_len] = s;
     }
-    block[block_len++] = {k, v};
+    block[block_len++] = value;
     if (block_len == kKeyBlock) flush();
   };
 
+  auto add_cache_key = [&](int64_t slot) {
+    load_row(p.k_cache + slot * p.k_row + kvh * p.k_head, Dqk, p.k_scale, kf);
+    add_key({p.v_cache + slot * p.v_row + kvh * p.v_head, nullptr});
+  };
   // The committed prefix: always visible.
-  for (const auto j : c10::irange(prefix_len)) {
-    const int64_t slot = static_cast<int64_t>(p.kv_indices[slot_begin + j]);
-    add_key(p.k_cache + slot * p.k_row + kvh * p.k_head, p.v_cache + slot * p.v_row + kvh * p.v_head);
-  }
+  for (const auto j : c10::irange(prefix_len)) add_cache_key(static_cast<int64_t>(p.kv_indices[slot_begin + j]));
   // The request's draft tokens: visible where this row's tree-mask bit is set.
   for (const auto j : c10::irange(tree_len)) {
     if (((static_cast<uint32_t>(mask[j >> 5]) >> (j & 31)) & 1u) == 0) continue;
     if (draft_in_cache) {
-      const int64_t slot = static_cast<int64_t>(p.kv_indices[slot_begin + prefix_len + j]);
-      add_key(p.k_cache + slot * p.k_row + kvh * p.k_head, p.v_cache + slot * p.v_row + kvh * p.v_head);
+      add_cache_key(static_cast<int64_t>(p.kv_indices[slot_begin + prefix_len + j]));
     } else {
       const int64_t r = tree_begin + j;
-      add_key(p.k_draft + r * p.kd_row + kvh * p.kd_head, p.v_draft + r * p.vd_row + kvh * p.vd_head);
+      load_row(p.k_draft + r * p.kd_row + kvh * p.kd_head, Dqk, 1.f, kf);
+      add_key({nullptr, p.v_draft + r * p.vd_row + kvh * p.vd_head});
     }
   }
   flush();
@@ -155,11 +170,11 @@ void attend_row(const CpuParams<scalar_t, index_t>& p, int64_t row, int64_t kvh,
   }
 }
 
-template <typename scalar_t, typename index_t>
+template <typename scalar_t, typename cache_t, typename index_t>
 void run_cpu(const TreeVerifyDims& dims, const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const at::Tensor& qo_indptr, const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
              const at::Tensor& tree_mask, double sm_scale, double logit_cap, const std::optional<at::Tensor>& k_draft,
-             const std::optional<at::Tensor>& v_draft, at::Tensor& out) {
+             const std::optional<at::Tensor>& v_draft, double k_scale, double v_scale, at::Tensor& out) {
   const int64_t N = dims.num_tokens;
   // Map each query row to its request once (rows past qo_indptr[B] stay -1: padding).
   std::vector<int32_t> row_request(N, -1);
@@ -168,10 +183,10 @@ void run_cpu(const TreeVerifyDims& dims, const at::Tensor& q, const at::Tensor& 
     for (int64_t r = qo[b]; r < qo[b + 1]; ++r) row_request[r] = static_cast<int32_t>(b);
   }
 
-  CpuParams<scalar_t, index_t> p{};
+  CpuParams<scalar_t, cache_t, index_t> p{};
   p.q = q.const_data_ptr<scalar_t>();
-  p.k_cache = k_cache.const_data_ptr<scalar_t>();
-  p.v_cache = v_cache.const_data_ptr<scalar_t>();
+  p.k_cache = k_cache.const_data_ptr<cache_t>();
+  p.v_cache = v_cache.const_data_ptr<cache_t>();
   p.k_draft = k_draft.has_value() ? k_draft->const_data_ptr<scalar_t>() : nullptr;
   p.v_draft = v_draft.has_value() ? v_draft->const_data_ptr<scalar_t>() : nullptr;
   p.qo_indptr = qo;
@@ -199,6 +214,8 @@ void run_cpu(const TreeVerifyDims& dims, const at::Tensor& q, const at::Tensor& 
   p.dv = dims.head_dim_v;
   p.sm_scale = static_cast<float>(sm_scale);
   p.logit_cap = static_cast<float>(logit_cap);
+  p.k_scale = static_cast<float>(k_scale);
+  p.v_scale = static_cast<float>(v_scale);
 
   const int64_t tasks = N * dims.num_kv_heads;
   at::parallel_for(0, tasks, /*grain_size=*/1, [&](int64_t begin, int64_t end) {
@@ -207,21 +224,37 @@ void run_cpu(const TreeVerifyDims& dims, const at::Tensor& q, const at::Tensor& 
   });
 }
 
+// Runs run_cpu with the cache element type: q's dtype, or the fp8 type of an fp8 KV cache.
+template <typename scalar_t, typename index_t, typename... Args>
+void run_cpu_for_cache_dtype(at::ScalarType cache_dtype, Args&&... args) {
+  switch (cache_dtype) {
+    case at::ScalarType::Float8_e4m3fn:
+      return run_cpu<scalar_t, c10::Float8_e4m3fn, index_t>(std::forward<Args>(args)...);
+    case at::ScalarType::Float8_e5m2:
+      return run_cpu<scalar_t, c10::Float8_e5m2, index_t>(std::forward<Args>(args)...);
+    default:  // check_tree_verify_args admits q's dtype otherwise
+      return run_cpu<scalar_t, scalar_t, index_t>(std::forward<Args>(args)...);
+  }
+}
+
 void tree_verify_attention_cpu_impl(const TreeVerifyDims& dims, const at::Tensor& q, const at::Tensor& k_cache,
                                     const at::Tensor& v_cache, const at::Tensor& qo_indptr,
                                     const at::Tensor& kv_indptr, const at::Tensor& kv_indices,
                                     const at::Tensor& tree_mask, double sm_scale, double logit_cap,
                                     const std::optional<at::Tensor>& k_draft,
-                                    const std::optional<at::Tensor>& v_draft, at::Tensor& out) {
+                                    const std::optional<at::Tensor>& v_draft, double k_scale, double v_scale,
+                                    at::Tensor& out) {
   check_tree_verify_values(dims, qo_indptr, kv_indptr, kv_indices, k_cache.size(0));
   if (out.numel() == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, q.scalar_type(), "tree_verify_attention_cpu", [&] {
     if (kv_indices.scalar_type() == at::kInt) {
-      run_cpu<scalar_t, int32_t>(dims, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                                 logit_cap, k_draft, v_draft, out);
+      run_cpu_for_cache_dtype<scalar_t, int32_t>(k_cache.scalar_type(), dims, q, k_cache, v_cache, qo_indptr,
+                                                 kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft,
+                                                 v_draft, k_scale, v_scale, out);
     } else {
-      run_cpu<scalar_t, int64_t>(dims, q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                                 logit_cap, k_draft, v_draft, out);
+      run_cpu_for_cache_dtype<scalar_t, int64_t>(k_cache.scalar_type(), dims, q, k_cache, v_cache, qo_indptr,
+                                                 kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft,
+                                                 v_draft, k_scale, v_scale, out);
     }
   });
 }
