@@ -11,12 +11,12 @@ TORCH_LIBRARY(kdtree, m) {
   m.def(
       "tree_verify_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "
       "Tensor kv_indices, Tensor tree_mask, float sm_scale, float logit_cap=0.0, Tensor? k_draft=None, "
-      "Tensor? v_draft=None) -> Tensor");
+      "Tensor? v_draft=None, float k_scale=1.0, float v_scale=1.0) -> Tensor");
   // The same, written into a caller-owned `out` (CUDA-graph static buffers, SGLang's output tensor).
   m.def(
       "tree_verify_attention_out(Tensor q, Tensor k_cache, Tensor v_cache, Tensor qo_indptr, Tensor kv_indptr, "
       "Tensor kv_indices, Tensor tree_mask, float sm_scale, float logit_cap=0.0, Tensor? k_draft=None, "
-      "Tensor? v_draft=None, *, Tensor(a!) out) -> ()");
+      "Tensor? v_draft=None, float k_scale=1.0, float v_scale=1.0, *, Tensor(a!) out) -> ()");
   // Packed ancestor bitmask from parent indices (-1 for a root), for every request at once.
   m.def("tree_mask_from_parents(Tensor parents, Tensor qo_indptr, SymInt words) -> Tensor");
   // Packed bitmask from SGLang's dense FULL_MASK layout (the draft columns of each request's rows).
@@ -25,4 +25,19 @@ TORCH_LIBRARY(kdtree, m) {
       "SymInt num_tokens, SymInt words) -> Tensor");
   // Device-side divergence statistics of `out` against `ref`, accumulated into float32 stats[3].
   m.def("record_divergence(Tensor out, Tensor ref, Tensor(a!) stats) -> ()");
+
+  // ---- The DDTree round: its fakes, and each argument's shape and dtype, are in kdtree_ops/ddtree.py ----
+  m.set_python_module("kdtree_ops.ddtree");  // for the defs below
+  // Best-first draft tree from the block drafter's top-k: tokens, parents, depths and the packed ancestor mask.
+  m.def(
+      "ddtree_build_tree(Tensor logprobs, Tensor tokens, Tensor root_tokens, SymInt budget) -> (Tensor tree_tokens, "
+      "Tensor parents, Tensor depths, Tensor tree_mask)");
+  // Greedy acceptance: the longest root path the target's argmax agrees with, its length and the bonus token.
+  m.def(
+      "ddtree_accept_greedy(Tensor tree_tokens, Tensor parents, Tensor target_tokens, SymInt max_depth) -> "
+      "(Tensor accepted, Tensor accept_len, Tensor next_tokens)");
+  // Copies the accepted nodes' K/V rows to their destination slots (reads of a request before its writes).
+  m.def(
+      "ddtree_commit_kv(Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor accepted, Tensor node_slots, "
+      "Tensor dest_slots) -> ()");
 }

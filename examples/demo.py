@@ -11,7 +11,9 @@ model agrees with, their slots are committed and the rest are freed. Every step 
               trees, lengths and slots copied into its static buffers —
 
 each with its own KV cache, and each step's logits are checked against the same model in float64 with
-attention through the float64 reference. Exit status 1 if any mode is off by more than the tolerance.
+attention through the float64 reference. Then the DDTree loop (examples/ddtree_demo.py): drafter, tree build,
+verify, greedy acceptance and KV commit on the device, for tree budgets 16 to 1023, checked against plain
+greedy decoding. Exit status 1 if any mode is off by more than the tolerance or the loop's output differs.
 
     python examples/demo.py                    # CPU
     python examples/demo.py --device cuda      # adds the CUDA-graph mode (bf16)
@@ -28,6 +30,7 @@ import sys
 import time
 
 import torch
+from ddtree_demo import run as run_ddtree_demo  # examples/, beside this file
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from kdtree_ops.toy_model import GQA_CONFIG, MLA_CONFIG, PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
@@ -175,6 +178,7 @@ def main(argv=None) -> int:
                         help="pass the draft K/V as k_draft/v_draft (SGLang's Triton backend) instead of by slot")
     parser.add_argument("--tol", type=float, default=None, help="max |logit error| (default: by dtype)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-ddtree", action="store_true", help="skip the DDTree loop section")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.requests < 1 or args.tree_size < 2:
         parser.error("need --steps >= 1, --requests >= 1 and --tree-size >= 2")
@@ -271,7 +275,8 @@ def main(argv=None) -> int:
     print(f"  {'reference':<11} {'(float64)':>16} {1e3 * statistics.median(times['reference']):>9.2f}")
     print(f"  drafted tokens accepted per request and step: {statistics.mean(accepted):.2f} (random drafts)")
     print(f"  tolerance {tol:.1e}: " + ("FAIL: " + "; ".join(failures) if failures else "PASS"))
-    return 1 if failures else 0
+    ddtree_failed = 0 if args.no_ddtree else run_ddtree_demo(str(device), seed=args.seed)
+    return 1 if failures or ddtree_failed else 0
 
 
 if __name__ == "__main__":

@@ -7,14 +7,19 @@ shapes only, so torch.compile traces every call as one opaque node with dynamic 
 
 from __future__ import annotations
 
+import ctypes
+import functools
+
 import torch
 
 from . import build
 
-build.load()
+build.load()  # the schemas; the fakes below belong with them
 
 __all__ = [
+    "cuda_kernels_built",
     "has_kernel_for",
+    "kernel_unsupported_reason",
     "tree_verify_attention",
     "tree_verify_attention_out",
     "tree_mask_from_parents",
@@ -23,25 +28,52 @@ __all__ = [
 ]
 
 
-# (Dqk, Dv) pairs the CUDA kernels are built for (csrc/cuda/tree_verify_attention.cu dispatches on the same
-# list); the MLA pair needs a single KV head. The CPU kernel takes any head dims.
-CUDA_HEAD_DIMS = ((64, 64), (128, 128), (256, 256))
-CUDA_MLA_HEAD_DIMS = (576, 512)
+@functools.lru_cache(maxsize=1)
+def _support_query():
+    """The library's C entry point `kdtree_tree_verify_unsupported_reason` (csrc/kernel_support.cpp)."""
+    fn = ctypes.CDLL(str(build.load())).kdtree_tree_verify_unsupported_reason
+    fn.restype = ctypes.c_char_p
+    fn.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_int64,
+                   ctypes.c_int64, ctypes.c_int64]
+    return fn
 
 
-def has_kernel_for(device: torch.device, dtype: torch.dtype, head_dim_qk: int, head_dim_v: int,
-                   num_kv_heads: int) -> bool:
-    """Whether tree_verify_attention has a kernel for this device, dtype and head configuration.
+def kernel_unsupported_reason(device: torch.device | str, dtype: torch.dtype, head_dim_qk: int, head_dim_v: int,
+                              num_kv_heads: int, kv_dtype: torch.dtype | None = None) -> str:
+    """Why tree_verify_attention has no kernel for this layer configuration on `device`; "" when it has one.
 
-    Reads no tensor values (callers decide per layer, inside CUDA graphs too). CPU: float32, bfloat16,
-    float16, any head dims. CUDA: bfloat16 or float16 with (Dqk, Dv) in CUDA_HEAD_DIMS, or CUDA_MLA_HEAD_DIMS
-    with one KV head.
+    The answer is the library's own (csrc/kernel_support.h): the dtypes, the head-dim families its CUDA dispatch
+    has, and on CUDA whether the configuration it would launch has a kernel image for the device's architecture
+    and fits its shared memory. A CPU-only build answers no for every CUDA device. Reads no tensor values, so
+    callers decide per layer, inside CUDA graphs too. CPU: float32, bfloat16, float16, any head dims.
+
+    Args:
+        device: where the call would run (cpu, cuda, cuda:i; cuda alone is the current device).
+        dtype: dtype of q.
+        head_dim_qk, head_dim_v, num_kv_heads: Dqk, Dv, Hkv of the caches.
+        kv_dtype: dtype of k_cache/v_cache (default: dtype).
     """
-    if device.type != "cuda":
-        return dtype in (torch.float32, torch.bfloat16, torch.float16)
-    dims = (head_dim_qk, head_dim_v)
-    return dtype in (torch.bfloat16, torch.float16) and (
-        dims in CUDA_HEAD_DIMS or (dims == CUDA_MLA_HEAD_DIMS and num_kv_heads == 1))
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    index = -1 if device.index is None or device.type == "cpu" else device.index
+    kv_dtype = dtype if kv_dtype is None else kv_dtype
+    names = [str(t).removeprefix("torch.").encode() for t in (dtype, kv_dtype)]
+    reason = _support_query()(device.type.encode(), index, names[0], names[1], int(head_dim_qk), int(head_dim_v),
+                              int(num_kv_heads))
+    return reason.decode()
+
+
+def has_kernel_for(device: torch.device | str, dtype: torch.dtype, head_dim_qk: int, head_dim_v: int,
+                   num_kv_heads: int, kv_dtype: torch.dtype | None = None) -> bool:
+    """Whether tree_verify_attention has a kernel for this configuration on `device` (kernel_unsupported_reason
+    says why not)."""
+    return not kernel_unsupported_reason(device, dtype, head_dim_qk, head_dim_v, num_kv_heads, kv_dtype)
+
+
+def cuda_kernels_built() -> bool:
+    """Whether the loaded library holds CUDA kernels (False for a CPU-only build)."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key("kdtree::tree_verify_attention", "CUDA")
 
 
 def attention_output_shape(q: torch.Tensor, v_cache: torch.Tensor) -> tuple:
@@ -61,14 +93,17 @@ def tree_verify_attention(
     logit_cap: float = 0.0,
     k_draft: torch.Tensor | None = None,
     v_draft: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
 ) -> torch.Tensor:
     """Tree-verify attention: each draft token attends to its request's prefix and its tree ancestors.
 
     Args:
         q: [N, Hq, Dqk] float32/bfloat16/float16, last dim contiguous. Row `qo_indptr[b] + j` is draft
             token j of request b (tree order, root first). Rows past `qo_indptr[B]` (graph padding) give zeros.
-        k_cache: [S, Hkv, Dqk], dtype of q, any row/head stride, last dim contiguous. Hq % Hkv == 0.
-        v_cache: [S, Hkv, Dv], dtype of q; may alias k_cache (MLA: `v_cache = kv_cache[..., :512]`).
+        k_cache: [S, Hkv, Dqk], dtype of q or an fp8 KV cache (float8_e4m3fn or float8_e5m2; CPU only in this
+            build), any row/head stride, last dim contiguous. Hq % Hkv == 0.
+        v_cache: [S, Hkv, Dv], dtype of k_cache; may alias k_cache (MLA: `v_cache = kv_cache[..., :512]`).
         qo_indptr: [B+1] int32: request b owns query rows qo_indptr[b]:qo_indptr[b+1] (T_b tokens).
         kv_indptr: [B+1] int32: request b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]].
         kv_indices: [>= kv_indptr[B]] int32 or int64 slot numbers into the caches; entries past
@@ -80,12 +115,17 @@ def tree_verify_attention(
         logit_cap: if > 0, scores become logit_cap * tanh(score / logit_cap) (after sm_scale).
         k_draft: optional [N, Hkv, Dqk], dtype of q: the draft tokens' keys, row-aligned with q.
         v_draft: optional [N, Hkv, Dv], dtype of q: the draft tokens' values (given with k_draft).
+        k_scale: per-tensor scale of an fp8 k_cache: a cache row's key is its stored value times k_scale (finite,
+            > 0; 1.0 for a cache in q's dtype). Never applied to k_draft.
+        v_scale: the same for v_cache's values (MLA's value view takes the scale its pool's values were stored
+            with). Never applied to v_draft.
 
     Returns:
         [N, Hq, Dv] contiguous, dtype of q. A row that sees nothing is zeros.
     """
     return torch.ops.kdtree.tree_verify_attention.default(
-        q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft
+        q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft,
+        k_scale, v_scale,
     )
 
 
@@ -101,6 +141,8 @@ def tree_verify_attention_out(
     logit_cap: float = 0.0,
     k_draft: torch.Tensor | None = None,
     v_draft: torch.Tensor | None = None,
+    k_scale: float = 1.0,
+    v_scale: float = 1.0,
     *,
     out: torch.Tensor,
 ) -> None:
@@ -110,7 +152,7 @@ def tree_verify_attention_out(
     """
     torch.ops.kdtree.tree_verify_attention_out.default(
         q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale, logit_cap, k_draft, v_draft,
-        out=out,
+        k_scale, v_scale, out=out,
     )
 
 
@@ -170,14 +212,14 @@ def record_divergence(out: torch.Tensor, ref: torch.Tensor, stats: torch.Tensor)
 
 @torch.library.register_fake("kdtree::tree_verify_attention")
 def _tree_verify_attention_fake(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                                logit_cap=0.0, k_draft=None, v_draft=None):
+                                logit_cap=0.0, k_draft=None, v_draft=None, k_scale=1.0, v_scale=1.0):
     torch._check(q.shape[1] % k_cache.shape[1] == 0, lambda: "Hq must be a multiple of Hkv")
     return q.new_empty(attention_output_shape(q, v_cache))
 
 
 @torch.library.register_fake("kdtree::tree_verify_attention_out")
 def _tree_verify_attention_out_fake(q, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, tree_mask, sm_scale,
-                                    logit_cap=0.0, k_draft=None, v_draft=None, *, out):
+                                    logit_cap=0.0, k_draft=None, v_draft=None, k_scale=1.0, v_scale=1.0, *, out):
     return None
 
 
@@ -194,3 +236,6 @@ def _tree_mask_from_dense_fake(custom_mask, mask_indptr, qo_indptr, prefix_lens,
 @torch.library.register_fake("kdtree::record_divergence")
 def _record_divergence_fake(out, ref, stats):
     return None
+
+
+from . import ddtree  # noqa: E402,F401  (the DDTree round's wrappers and fakes)

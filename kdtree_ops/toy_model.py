@@ -242,20 +242,29 @@ class ToyDecoder(nn.Module):
                     p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[1]))
         self.requires_grad_(False)  # inference only: torch.compile then traces no backward
 
+    def hidden_states(self, batch: VerifyBatch, cache: PagedKVCache, attention: str = "op",
+                      tree_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The final-normed hidden state [N, hidden] of every tree token: verify_step without the LM head.
+
+        tree_mask: optional [N, W] int32 packed ancestor mask (e.g. the one a tree builder returned); by default
+        it is built from `batch.parents` (by tree_mask_from_parents on the op path).
+        """
+        if tree_mask is None and attention == "op":
+            tree_mask = ops.tree_mask_from_parents(batch.parents, batch.qo_indptr, batch.mask_words)
+        elif tree_mask is None:  # the reference path builds its mask without the op's helper too
+            tree_mask = tree_mask_from_parents_reference(batch.parents.cpu(), batch.qo_indptr.cpu(),
+                                                         batch.mask_words).to(batch.parents.device)
+        x = self.embed(batch.input_ids)
+        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
+            x = layer(x, batch, tree_mask, k_cache, v_cache, attention)
+        return rms_norm(x, self.final_norm, self.config.eps)
+
     def verify_step(self, batch: VerifyBatch, cache: PagedKVCache, attention: str = "op") -> torch.Tensor:
         """One verify step: logits [N, vocab] of every tree token (rows of padding included).
 
         attention: "op" (tree_verify_attention) or "reference" (the float64 reference; eager only).
         The tree mask is built once per step from `batch.parents` (by tree_mask_from_parents on the op path).
         """
-        if attention == "op":
-            tree_mask = ops.tree_mask_from_parents(batch.parents, batch.qo_indptr, batch.mask_words)
-        else:  # the reference path builds its mask without the op's helper too
-            tree_mask = tree_mask_from_parents_reference(batch.parents.cpu(), batch.qo_indptr.cpu(),
-                                                         batch.mask_words).to(batch.parents.device)
-        x = self.embed(batch.input_ids)
-        for layer, k_cache, v_cache in zip(self.layers, cache.k, cache.v):
-            x = layer(x, batch, tree_mask, k_cache, v_cache, attention)
-        return self.lm_head(rms_norm(x, self.final_norm, self.config.eps))
+        return self.lm_head(self.hidden_states(batch, cache, attention))
 
     forward = verify_step

@@ -30,6 +30,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated implementations (default: all available)")
     p.add_argument("--samples", type=int, default=30, help="timing samples per implementation (median taken)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ddtree", action="store_true", help="the DDTree round's build/accept ops instead (bench/ddtree.py)")
     return p
 
 
@@ -98,6 +99,10 @@ def _run_workload(w, impls, ceilings, args) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.ddtree:
+        from .ddtree import main as ddtree_main
+
+        return ddtree_main(args)
     if not torch.cuda.is_available():
         print("kdtree_ops bench: needs a CUDA device", file=sys.stderr)
         return 2
