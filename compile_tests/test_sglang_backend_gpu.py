@@ -23,9 +23,10 @@ import math
 import os
 
 import pytest
+from requires import import_or_skip_outside_ci
 import torch
 
-sglang = pytest.importorskip("sglang", reason="sglang==0.5.23 is not installed")
+sglang = import_or_skip_outside_ci("sglang", "sglang==0.5.23 is not installed")
 
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402
@@ -439,3 +440,82 @@ def test_compiled_verify_has_no_graph_breaks(monkeypatch, save_kv_cache):
     with torch.no_grad(), forward_context(ForwardContext(attn_backend=kdtree)):
         out = compiled(step.q, step.k, step.v)
     _assert_close(out.reshape(step.n, -1), step.reference(), "compiled kdtree verify vs reference")
+
+
+# ---- routing: FP8-weight checkpoints and fp8 pools ------------------------------------------------------------
+
+
+def _fp8_checkpoint_layer(setup: Setup) -> None:
+    """The layer an FP8-weight checkpoint gets (Fp8KVCacheMethod, scales 1.0 after loading), over the same pool."""
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+    setup.layer = RadixAttention(setup.hq, setup.dqk, setup.scale, setup.hkv, layer_id=0, v_head_dim=setup.dv,
+                                 quant_config=Fp8Config(is_checkpoint_fp8_serialized=True),
+                                 prefix="model.layers.0.self_attn.attn")
+    setup.layer.quant_method.process_weights_after_loading(setup.layer)
+    assert (setup.layer.k_scale_float, setup.layer.v_scale_float) == (1.0, 1.0)
+
+
+def _fp8_pool(setup: Setup, kv_dtype) -> None:
+    """--kv-cache-dtype fp8_*: SGLang's fp8 MHA pool in place of the bf16 one, with random contents."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    old = setup.pool
+    setup.pool = setup.runner.token_to_kv_pool = MHATokenToKVPool(
+        size=old.size, page_size=1, dtype=kv_dtype, head_num=setup.hkv, head_dim=setup.dqk, layer_num=1,
+        device=DEVICE, enable_memory_saver=False, enable_alt_stream=False)
+    setup.runner.kv_cache_dtype = kv_dtype
+    for buf in (setup.pool.get_key_buffer(0), setup.pool.get_value_buffer(0)):
+        buf.copy_(torch.randn(buf.shape, device=DEVICE).to(kv_dtype))
+
+
+@pytest.mark.parametrize("arch", ["mha", "mla"])
+def test_fp8_checkpoint_bf16_pool_is_served_eager_and_graph(monkeypatch, arch):
+    monkeypatch.setenv("KDTREE_VERIFY", "on")
+    t, bs = 16, 2
+    setup = Setup(arch, max_bs=2, tree_tokens=t)
+    _fp8_checkpoint_layer(setup)
+    kdtree = setup.backend("kdtree")
+    calls, op_path = [], type(kdtree)._tree_verify
+
+    def counted(self, *args, **kwargs):  # the op's path, counted (eager and at capture)
+        calls.append(1)
+        return op_path(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(kdtree), "_tree_verify", counted)
+    step = Step(setup, "eagle", t, (40, 7), seed=21)
+    fb = step.forward_batch()
+    kdtree.init_forward_metadata(fb)
+    _assert_close(_run_layer(kdtree, setup, step, fb), step.reference(), "fp8-checkpoint eager vs reference")
+    harness = GraphHarness(setup, setup.backend("kdtree"), bs, t)
+    harness.capture(Step(setup, "eagle", t, (10, 10), seed=22), with_mask=False)
+    step = Step(setup, "eagle", t, (99, 3), seed=23)
+    _assert_close(harness.replay(step), step.reference(), "fp8-checkpoint graph replay vs reference")
+    assert calls, "the op did not serve the FP8-checkpoint layer"
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
+def test_fp8_pool_falls_back_to_triton_eager_and_graph(monkeypatch, caplog, kv_dtype):
+    import logging
+
+    monkeypatch.setenv("KDTREE_VERIFY", "on")
+    t, bs = 16, 2
+    setup = Setup("mha", max_bs=2, tree_tokens=t)
+    _fp8_pool(setup, kv_dtype)
+    kdtree, triton = setup.backend("kdtree"), setup.backend("triton")
+    step = Step(setup, "eagle", t, (33, 5), seed=31)
+    with caplog.at_level(logging.WARNING):
+        fb = step.forward_batch()
+        kdtree.init_forward_metadata(fb)
+        actual = _run_layer(kdtree, setup, step, fb)
+        kdtree.init_forward_metadata(step.forward_batch())
+    fb = step.forward_batch()
+    triton.init_forward_metadata(fb)
+    torch.testing.assert_close(actual, _run_layer(triton, setup, step, fb), atol=0, rtol=0)  # the parent's kernel
+    assert sum("runs on TritonAttnBackend's kernel" in r.getMessage() for r in caplog.records) == 1
+
+    graphs = [GraphHarness(setup, b, bs, t) for b in (setup.backend("kdtree"), setup.backend("triton"))]
+    for g in graphs:
+        g.capture(Step(setup, "eagle", t, (10, 10), seed=32), with_mask=True)
+    step = Step(setup, "eagle", t, (70, 2), seed=33)
+    torch.testing.assert_close(graphs[0].replay(step), graphs[1].replay(step), atol=0, rtol=0)

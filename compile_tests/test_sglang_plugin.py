@@ -15,14 +15,16 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import subprocess
 import sys
 import textwrap
 from importlib import metadata
 
 import pytest
+from requires import import_or_skip_outside_ci
 
-pytest.importorskip("sglang", reason="sglang==0.5.23 is not installed")
+import_or_skip_outside_ci("sglang", "sglang==0.5.23 is not installed")
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 SUBPROCESS_TIMEOUT_S = 600
@@ -144,6 +146,32 @@ def test_failing_registration_is_visible():
     assert len(lines) == 1, proc.stderr[-3000:]
     assert "registry unavailable (simulated)" in lines[0]
     assert "STATE False False" in proc.stdout  # rolled back: no CLI choice without its factory
+
+
+def test_status_line_shows_in_a_default_launch_server_log():
+    """What `python -m sglang.launch_server` runs before the model: load_plugins() (logging not configured yet),
+    the arguments, then the engine's configure_logger. The success line comes once, after it, formatted."""
+    proc = _run_python(
+        """
+        import sys
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        print("MARK plugins loaded", file=sys.stderr, flush=True)
+        from sglang.srt.server_args import prepare_server_args
+        args = prepare_server_args(["--model-path", "dummy/model"])
+        from sglang.srt.entrypoints.engine import configure_logger  # the binding Engine calls
+        configure_logger(args)
+        configure_logger(args)
+        """,
+        HF_HUB_OFFLINE="1",
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, _, after = proc.stderr.partition("MARK plugins loaded")
+    assert after, proc.stderr[-3000:]
+    line = "kdtree_ops: registered SGLang attention backend 'kdtree'"
+    assert line not in before
+    matches = re.findall(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] (kdtree_ops: registered .*)$", after, re.M)
+    assert len(matches) == 1 and matches[0].startswith(line), proc.stderr[-3000:]
 
 
 def test_register_logs_one_line_on_success():

@@ -24,9 +24,23 @@ Modes, by KDTREE_VERIFY (read when the backend is built):
   steps (default 100) a summary line is logged from the metadata init, which runs outside any graph; that
   read of three floats is the only host sync validate mode adds, and none is inside the verify path.
 
-Layers the op does not cover fall back to the parent, per call and by configuration only (no tensor values):
-sliding-window layers, attention sinks, score_mod/aux tensors, scaled (fp8) KV caches or a cache dtype other
-than q's, non-tanh logit capping, xai temperature, cross/encoder attention, DCP, deterministic mode, DLLM.
+Routing (`routing.py`): a verify layer call goes to the op when the op has a kernel for its configuration on
+this device (the op's own answer: dtype, head dims, KV heads, KV-cache dtype, shared memory of the chosen
+kernel) and nothing else rules it out; otherwise the parent runs it. Decided from configuration only (no
+tensor values: the same at capture and every replay), memoized per configuration. Falls back: an fp8 KV pool
+(`--kv-cache-dtype fp8_e4m3/e5m2`, as long as the op has no kernel for it), KV scales other than 1.0,
+sliding-window layers, attention sinks, score_mod/aux tensors, non-tanh logit capping, xai temperature,
+cross/encoder attention, DCP, deterministic inference (the op is not batch-invariant), DLLM. Served: FP8-weight
+checkpoints with a KV pool in q's dtype (SGLang gives their layers k_scale = v_scale = 1.0). The first time a
+reason appears, one WARNING names the layers and the reason.
+
+A build of the ops library without CUDA kernels (KDTREE_OPS_CPU_ONLY=1, or no nvcc where it was built) on a
+CUDA server is an error when the backend is built, naming the fix.
+
+Padding: under DP attention SGLang pads an eager verify batch's rows to a multiple of attn_tp_size (and to
+the other ranks' count) after the requests' bs * T rows; the eager mask has as many rows as the padded batch
+(`out_cache_loc` has one per q row), all zero past the requests, so the op writes zeros there (the parent
+leaves them unwritten; nothing reads them).
 """
 
 from __future__ import annotations
@@ -37,9 +51,9 @@ import os
 import torch
 
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-from sglang.srt.layers.radix_attention import AttentionType
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
+from .routing import FallbackLog, VerifyCallConfig, fallback_reason, layer_kv_scales
 from .verify_metadata import GraphTreeMask, mask_words, packed_tree_mask
 
 logger = logging.getLogger(__name__)
@@ -54,16 +68,33 @@ def verify_mode_from_env() -> str:
     return mode
 
 
+def check_cuda_kernels(ops, device) -> None:
+    """Raises when a CUDA server would get an ops library built without CUDA kernels (it would fail at capture)."""
+    if torch.device(device).type == "cuda" and not ops.cuda_kernels_built():
+        raise RuntimeError(
+            "kdtree attention backend: the loaded kdtree_ops library has no CUDA kernels (it was built CPU-only: "
+            "KDTREE_OPS_CPU_ONLY=1 was set, or no CUDA toolkit (nvcc) was found when it was built), but this "
+            "server runs on CUDA. Fix: unset KDTREE_OPS_CPU_ONLY and install the CUDA toolkit (nvcc) in the "
+            "image, or prebuild with `python -m kdtree_ops build` on a machine with the toolkit; or launch with "
+            "--attention-backend triton (or KDTREE_VERIFY=off)."
+        )
+
+
 class KDTreeAttnBackend(TritonAttnBackend):
     """TritonAttnBackend whose TARGET_VERIFY attention is the kdtree tree-verify op (GQA/MHA and MLA)."""
 
     def __init__(self, model_runner, *args, **kwargs):
-        super().__init__(model_runner, *args, **kwargs)
         self.verify_mode = verify_mode_from_env()
         if self.verify_mode != "off":
             from kdtree_ops import ops  # builds/loads the library once per process
 
+            check_cuda_kernels(ops, model_runner.device)  # before the parent allocates anything
             self._ops = ops
+        super().__init__(model_runner, *args, **kwargs)
+        # The KV pool's dtype (fp8 pools report their fp8 dtype; they store uint8).
+        self._kv_dtype = getattr(self.token_to_kv_pool, "dtype", None) or model_runner.kv_cache_dtype
+        self._routes: dict[VerifyCallConfig, str] = {}
+        self._fallbacks = FallbackLog()
         self._graph_mask: GraphTreeMask | None = None
         # The mask and int32 qo_indptr of the step being run (eager) or captured (graph).
         self._step_tree_mask: torch.Tensor | None = None
@@ -88,12 +119,16 @@ class KDTreeAttnBackend(TritonAttnBackend):
 
     def init_forward_metadata(self, forward_batch):
         super().init_forward_metadata(forward_batch)
+        self._fallbacks.flush()
         if not self._verify_active(forward_batch):
             return
         self._maybe_log_divergence()
         md = self.forward_metadata
         num_tokens_per_req = self._target_verify_num_tokens_per_req(forward_batch.spec_info)
         bs = md.qo_indptr.shape[0] - 1
+        # q's rows: the requests' bs * T, plus the rows DP attention pads after them (out_cache_loc is padded
+        # with q; forward_batch_info.prepare_mlp_sync_batch). The mask's rows past the requests are zero.
+        num_rows = max(bs * num_tokens_per_req, forward_batch.out_cache_loc.shape[0])
         qo_indptr = md.qo_indptr.to(torch.int32)  # already int32 here: no copy
         spec_info = forward_batch.spec_info
         self._step_qo_indptr = qo_indptr
@@ -102,7 +137,7 @@ class KDTreeAttnBackend(TritonAttnBackend):
             md.mask_indptr,
             qo_indptr,
             forward_batch.seq_lens,
-            bs * num_tokens_per_req,
+            num_rows,
             mask_words(num_tokens_per_req),
         )
 
@@ -115,6 +150,7 @@ class KDTreeAttnBackend(TritonAttnBackend):
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         super().init_forward_metadata_out_graph(forward_batch, in_capture)
+        self._fallbacks.flush()
         if not self._verify_active(forward_batch) or self._graph_mask is None:
             return
         if not in_capture:
@@ -142,30 +178,58 @@ class KDTreeAttnBackend(TritonAttnBackend):
 
     # ---- forward -------------------------------------------------------------------------------------
 
-    def _op_serves(self, q, layer, forward_batch, sinks, score_mod, aux_tensors) -> bool:
-        """Whether the kdtree op covers this verify call (configuration only; no tensor values read)."""
-        return (
-            self._step_tree_mask is not None
-            and self._ops.has_kernel_for(q.device, q.dtype, layer.qk_head_dim, layer.v_head_dim,
-                                         layer.tp_k_head_num)
-            and sinks is None
-            and score_mod is None
-            and aux_tensors is None
-            and self.dcp_size == 1
-            and not self.enable_deterministic
-            and not getattr(forward_batch, "mha_one_shot", False)
-            and not (layer.sliding_window_size is not None and layer.sliding_window_size > -1)
-            and not layer.is_cross_attention
-            and layer.attn_type == AttentionType.DECODER
-            and layer.k_scale is None
-            and (layer.logit_capping_method == "tanh" or not layer.logit_cap)
-            and getattr(layer, "xai_temperature_len", -1) in (None, -1, 0)
+    def _call_config(self, q, layer, forward_batch, sinks, score_mod, aux_tensors) -> VerifyCallConfig:
+        """The configuration of one verify layer call (attributes, dtypes, which inputs are given; no values)."""
+        extra_inputs = ()
+        if sinks is not None:
+            extra_inputs += ("sinks",)
+        if score_mod is not None:
+            extra_inputs += ("score_mod",)
+        if aux_tensors is not None:
+            extra_inputs += ("aux_tensors",)
+        window = layer.sliding_window_size
+        return VerifyCallConfig(
+            device=q.device,
+            dtype=q.dtype,
+            kv_dtype=self._kv_dtype,
+            head_dim_qk=layer.qk_head_dim,
+            head_dim_v=layer.v_head_dim,
+            num_kv_heads=layer.tp_k_head_num,
+            kv_scales=layer_kv_scales(layer),
+            sliding_window=-1 if window is None else window,
+            attn_type=layer.attn_type,
+            cross_attention=bool(layer.is_cross_attention),
+            logit_capping=layer.logit_capping_method if layer.logit_cap else "",
+            xai_temperature=getattr(layer, "xai_temperature_len", -1) not in (None, -1, 0),
+            extra_inputs=extra_inputs,
+            mha_one_shot=bool(getattr(forward_batch, "mha_one_shot", False)),
+            deterministic=bool(self.enable_deterministic),
+            dcp_size=self.dcp_size,
         )
+
+    @torch.compiler.assume_constant_result
+    def _fallback_reason(self, fields: tuple, layer_id: int) -> str:
+        """"" when the op serves a call of this configuration, else why the parent does; notes the fallback.
+
+        Memoized per configuration (the op's answer is a call into C++). Under torch.compile it runs while
+        tracing and its answer is a constant of the graph; the configuration crosses that boundary as a plain
+        tuple of its fields (dynamo passes named tuples to such functions malformed, torch 2.14).
+        """
+        config = VerifyCallConfig(*fields)
+        reason = self._routes.get(config)
+        if reason is None:
+            reason = self._routes[config] = fallback_reason(config, self._ops)
+        if reason:
+            self._fallbacks.note(reason, layer_id)
+        return reason
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None,
                        aux_tensors=None):
-        if not self._verify_active(forward_batch) or not self._op_serves(
-            q, layer, forward_batch, sinks, score_mod, aux_tensors
+        if (
+            not self._verify_active(forward_batch)
+            or self._step_tree_mask is None
+            or self._fallback_reason(tuple(self._call_config(q, layer, forward_batch, sinks, score_mod, aux_tensors)),
+                                     layer.layer_id)
         ):
             return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, sinks=sinks,
                                           score_mod=score_mod, aux_tensors=aux_tensors)
@@ -187,6 +251,8 @@ class KDTreeAttnBackend(TritonAttnBackend):
         elif k is None or v is None:
             raise ValueError("Both k and v should be None or not None")
         elif save_kv_cache:
+            # Served layers have a pool in k's dtype and scales of 1.0 (or none): the parent's scaled write
+            # (x / 1.0, and the pool scales only on a dtype change) stores the same bytes as this plain one.
             loc = KVWriteLoc.for_batch(forward_batch, swa_loc=self.forward_metadata.swa_out_cache_loc)
             self._set_kv_buffer(forward_batch, layer, loc, k, v)
 
@@ -196,6 +262,10 @@ class KDTreeAttnBackend(TritonAttnBackend):
         num_tokens = q3.shape[0]
         if out is None:
             out = q.new_empty((num_tokens, hq * dv))
+        tree_mask = self._step_tree_mask
+        if tree_mask.shape[0] < num_tokens:
+            raise ValueError(f"kdtree verify: q has {num_tokens} rows but the step's tree mask {tree_mask.shape[0]} "
+                             "(init_forward_metadata saw fewer rows than this forward)")
         md = self.forward_metadata
         self._ops.tree_verify_attention_out(
             q3,
@@ -204,7 +274,7 @@ class KDTreeAttnBackend(TritonAttnBackend):
             self._step_qo_indptr,
             md.kv_indptr,
             md.kv_indices,
-            self._step_tree_mask[:num_tokens],
+            tree_mask[:num_tokens],
             layer.scaling,
             float(layer.logit_cap or 0.0),
             k.view(-1, hkv, dqk),

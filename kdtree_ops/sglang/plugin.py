@@ -8,15 +8,24 @@ pyproject.toml. `register()`:
   choices (`add_attention_backend_choices`);
 - registers a lazy factory under `kdtree` in SGLang's backend registry (`register_attention_backend`): the
   backend module, and with it the kdtree ops library, loads only when a model runner builds the backend;
+- adds `kdtree` to SGLang's deterministic-inference backends (`add_deterministic_attention_backend_choices`
+  and the radix-cache list beside it): under `--enable-deterministic-inference` the backend hands every
+  layer, TARGET_VERIFY included, to its parent TritonAttnBackend, whose kernels SGLang lists as
+  deterministic (batch-invariant). The op itself is not batch-invariant (its key split depends on the
+  whole batch), so it does not run in that mode, and the backend says so in one WARNING line;
 - registers one HookRegistry AFTER hook on `resolve_dflash_verify_mask_policy`: DFLASH chooses whether
   to build a custom verify mask by the backend's *class name*, and a name it does not know (ours) gets the
   dense custom-mask path. KDTreeAttnBackend verifies DFLASH's causal block like its parent TritonAttnBackend,
-  so the hook gives it the parent's policy (no custom mask). SGLang applies the hook itself
-  (`HookRegistry.apply_hooks()` at the end of `load_plugins()`); nothing here patches anything.
+  so the hook gives it the parent's policy (no custom mask);
+- registers one HookRegistry AFTER hook on `configure_logger`: SGLang loads plugins before it configures
+  logging, so an INFO line logged by `register()` itself would be lost; the hook logs the success line once
+  per process, as soon as SGLang's logging is set up (at once if logging was configured before).
+SGLang applies the hooks itself (`HookRegistry.apply_hooks()` at the end of `load_plugins()`); nothing here
+patches anything.
 
-It is idempotent and logs one line on success. `load_plugins()` catches and logs a plugin's exception, then
-goes on without the backend; so a failure is also logged here, at ERROR, naming the plugin and the cause
-(ERROR reaches stderr even where logging is not configured), before it is re-raised to SGLang.
+It is idempotent. `load_plugins()` catches and logs a plugin's exception, then goes on without the backend;
+so a failure is also logged here, at ERROR, naming the plugin and the cause (ERROR reaches stderr even where
+logging is not configured), before it is re-raised to SGLang.
 """
 
 from __future__ import annotations
@@ -28,8 +37,11 @@ logger = logging.getLogger(__name__)
 BACKEND_NAME = "kdtree"
 BACKEND_CLASS_NAME = "KDTreeAttnBackend"
 DFLASH_POLICY_TARGET = "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy"
+CONFIGURE_LOGGER_TARGET = "sglang.srt.utils.common.configure_logger"
+SUCCESS_LINE = f"kdtree_ops: registered SGLang attention backend {BACKEND_NAME!r} (KDTREE_VERIFY modes: off|validate|on)"
 
 _registered = False
+_status_logged = False
 
 
 def create_kdtree_backend(runner):
@@ -55,14 +67,23 @@ def dflash_verify_mask_policy_hook(result, *args, **kwargs):
     return None  # unchanged
 
 
+def log_status_once(*_args, **_kwargs) -> None:
+    """The success line, once per process; also the AFTER hook on SGLang's `configure_logger` (returns None:
+    the hooked function's result is kept)."""
+    global _status_logged
+    if _registered and not _status_logged:
+        _status_logged = True
+        logger.info(SUCCESS_LINE)
+
+
 def register() -> None:
     """Entry point `kdtree = "kdtree_ops.sglang.plugin:register"`: cheap, idempotent, loud on failure."""
     global _registered
     if _registered:
         return
-    added_choice = added_factory = False
+    added: list = []  # undo callables of what this call added, run in reverse on failure
     try:
-        from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+        from sglang.srt.arg_groups import choices
         from sglang.srt.layers.attention.attention_registry import (
             ATTENTION_BACKENDS,
             register_attention_backend,
@@ -71,17 +92,22 @@ def register() -> None:
 
         if ATTENTION_BACKENDS.get(BACKEND_NAME) is not create_kdtree_backend:
             register_attention_backend(BACKEND_NAME)(create_kdtree_backend)
-            added_factory = True
-        if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
-            add_attention_backend_choices([BACKEND_NAME])
-            added_choice = True
+            added.append(lambda: ATTENTION_BACKENDS.pop(BACKEND_NAME, None))
+        for names, add in (
+            (choices.ATTENTION_BACKEND_CHOICES, choices.add_attention_backend_choices),
+            (choices.DETERMINISTIC_ATTENTION_BACKEND_CHOICES, choices.add_deterministic_attention_backend_choices),
+            (choices.RADIX_SUPPORTED_DETERMINISTIC_ATTENTION_BACKEND,
+             choices.add_radix_supported_deterministic_attention_backend_choices),
+        ):
+            if BACKEND_NAME not in names:
+                add([BACKEND_NAME])
+                added.append(lambda names=names: names.remove(BACKEND_NAME))
         HookRegistry.register(DFLASH_POLICY_TARGET, dflash_verify_mask_policy_hook, HookType.AFTER)
+        HookRegistry.register(CONFIGURE_LOGGER_TARGET, log_status_once, HookType.AFTER)
     except Exception as exc:
         # All or nothing: a CLI choice without its factory would fail later, far from the cause.
-        if added_choice:
-            ATTENTION_BACKEND_CHOICES.remove(BACKEND_NAME)
-        if added_factory:
-            ATTENTION_BACKENDS.pop(BACKEND_NAME, None)
+        for undo in reversed(added):
+            undo()
         logger.error(
             "kdtree_ops: FAILED to register the SGLang attention backend %r (%s: %s); "
             "--attention-backend %s will not be available",
@@ -89,6 +115,5 @@ def register() -> None:
         )
         raise
     _registered = True
-    logger.info(
-        "kdtree_ops: registered SGLang attention backend %r (KDTREE_VERIFY modes: off|validate|on)", BACKEND_NAME
-    )
+    if logging.getLogger().handlers:  # logging is configured already (an embedding application): say it now
+        log_status_once()
