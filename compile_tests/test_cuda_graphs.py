@@ -8,7 +8,7 @@ cache pool), then before each replay copy the batch into the static buffers. Her
 and every round brings new trees (sizes and shapes), new per-request prefix lengths and new fragmented
 slots. After each replay, `out` must equal eager on the same static buffers exactly (same shapes: same
 kernels, same split), match the float64 reference, and have zero padding rows; `stats` must have counted
-every replay. (torch.compile(mode="reduce-overhead") is covered in test_compile.py.)
+every replay. Last, torch.compile(mode="reduce-overhead") records the op in CUDA-graph trees.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 
 from kdtree_ops.cases import make_verify_case
 from kdtree_ops.reference import tree_verify_attention_reference
@@ -269,3 +270,23 @@ def test_helpers_capture_with_changing_batch(ops):
         torch.cuda.synchronize()
         expected = tree_mask_from_parents_reference(torch.tensor(flat, dtype=torch.int32), qo, words)
         torch.testing.assert_close(mask.cpu(), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("draft_mode", ["cache", "separate"])
+def test_reduce_overhead_no_cudagraph_skips(ops, draft_mode):
+    """CUDA-graph trees record the op (no skip) and replays with new trees, slots and values match eager."""
+
+    def verify(*args):
+        return ops.tree_verify_attention(*args).flatten(1) * 2.0
+
+    torch._dynamo.reset()
+    counters.clear()
+    fn = torch.compile(verify, mode="reduce-overhead", fullgraph=True)
+    for seed in range(4):  # same shapes, new trees, slots and values: replays of one recorded graph
+        case = make_verify_case(tree_sizes=[24, 9, 40], prefix_lens=[300, 64, 17], num_q_heads=8, num_kv_heads=2,
+                                head_dim_qk=128, head_dim_v=128, dtype=torch.bfloat16, draft_mode=draft_mode,
+                                pad_rows=7, device="cuda", generator=torch.Generator().manual_seed(seed))
+        got = fn(*case.args()).clone()
+        torch.testing.assert_close(got, verify(*case.args()), rtol=2e-2, atol=2e-2)
+    assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
+    assert not counters["graph_break"]

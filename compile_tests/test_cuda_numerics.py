@@ -26,9 +26,12 @@ from kdtree_ops.trees import ancestor_matrix, mask_words_for, random_tree
 pytestmark = pytest.mark.cuda
 
 # Relative L2 error and max abs error allowed per dtype. bf16 keeps 8 significant bits: rounding the output
-# alone gives ~2e-3 relative; the kernels also round P to the input dtype before P·V. fp16 keeps 11 bits.
+# alone gives 1.6e-3 relative (the grid's cases, in float64); the kernels also round P to the input dtype before
+# P·V: emulated in float64 (P rounded to bf16, then the output), 2.0e-3 to 2.3e-3 for 40 to 4096 keys and head
+# dims 64 to 256. fp16 keeps 11 bits (2e-4). A 2 % sm_scale error gives 1.0e-2 to 1.1e-2 on the grid's cases, so the
+# relative L2 bound is what catches it (half of it for bf16); max abs is an outlier bound (outputs are 0.1-0.3).
 TOLERANCES = {
-    torch.bfloat16: dict(rel_l2=1e-2, max_abs=3e-2),
+    torch.bfloat16: dict(rel_l2=5e-3, max_abs=3e-2),
     torch.float16: dict(rel_l2=2e-3, max_abs=4e-3),
 }
 DTYPES = [torch.bfloat16, torch.float16]

@@ -7,7 +7,8 @@
 # each allowed to fail without stopping the later ones:
 #   1. build      the library (JIT, this GPU's arch), with its time
 #   2. tests      pytest -m cuda over compile_tests (CUDA numerics, CUDA graphs, reduce-overhead, opcheck,
-#                 SGLang backend on GPU) -> junit XML + log
+#                 CUDA error paths and the has-kernel answer, each case in its own process, some with
+#                 KDTREE_OPS_DEBUG=1 set by the test for its process; SGLang backend on GPU) -> junit XML + log
 #   3. memcheck   compute-sanitizer --tool memcheck  on examples/sanitize_case.py
 #   4. racecheck  compute-sanitizer --tool racecheck on examples/sanitize_case.py
 #   5. bench      python -m kdtree_ops.bench -> bench.md, bench.json, bench.png
