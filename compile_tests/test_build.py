@@ -45,6 +45,8 @@ def test_default_targets_are_the_visible_gpus_or_none(monkeypatch):
     assert build.cuda_archs(["90", "86"]) == ["86", "90a"]
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0 9.0 12.0+PTX")
     assert build.cuda_archs([]) == ["120", "80", "90a"]
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.0 7.5 Ampere 8.6 9.0+PTX")  # PyTorch's list serves others too
+    assert build.cuda_archs([]) == ["86", "90a"]
     monkeypatch.setenv("KDTREE_OPS_CUDA_ARCHS", "90a;120")  # ours wins over PyTorch's
     assert build.cuda_archs(["80"]) == ["120", "90a"]
     with pytest.raises(ValueError, match="not of the form"):

@@ -77,6 +77,8 @@ extern "C" const char* kdtree_tree_verify_unsupported_reason(const char* device_
     }
   } catch (const std::exception& e) {
     reason = std::string("the kernel-support query failed: ") + e.what();
+  } catch (...) {
+    reason = "the kernel-support query failed";
   }
   return reason.c_str();
 }

@@ -45,7 +45,8 @@ def __getattr__(name: str):
 
 
 try:
-    build.load_cached()
+    if build.load_cached() is not None:
+        importlib.import_module(".ops", __name__)  # the fakes belong with the schemas (a cheap import now)
 except Exception as exc:  # a broken cache entry must not break `import kdtree_ops`; load() rebuilds or says why
     import sys
 

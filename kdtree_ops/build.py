@@ -85,10 +85,21 @@ def parse_archs(text: str) -> list[str]:
 
 
 def requested_archs() -> list[str] | None:
-    """Targets named by KDTREE_OPS_CUDA_ARCHS, else TORCH_CUDA_ARCH_LIST; None when neither is set."""
-    for var in ("KDTREE_OPS_CUDA_ARCHS", "TORCH_CUDA_ARCH_LIST"):
-        if os.environ.get(var, "").strip():
-            return parse_archs(os.environ[var])
+    """Targets named by KDTREE_OPS_CUDA_ARCHS, else TORCH_CUDA_ARCH_LIST; None when neither is set.
+
+    PyTorch's list is shared with other extensions: its named entries ("Ampere") and targets before sm_80, which
+    the kernels' instructions do not exist on, are skipped rather than refused.
+    """
+    if os.environ.get("KDTREE_OPS_CUDA_ARCHS", "").strip():
+        return parse_archs(os.environ["KDTREE_OPS_CUDA_ARCHS"])
+    if os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
+        targets = []
+        for entry in re.split(r"[;, ]+", os.environ["TORCH_CUDA_ARCH_LIST"]):
+            try:
+                targets.append(_target(entry))
+            except ValueError:
+                continue
+        return sorted({t for t in targets if int(t.rstrip("af")) >= 80})
     return None
 
 
@@ -104,7 +115,7 @@ def visible_capabilities(initialize_cuda: bool = True) -> list[str] | None:
         if not torch.cuda.is_available():
             return []
         return sorted({"{}{}".format(*torch.cuda.get_device_capability(i)) for i in range(torch.cuda.device_count())})
-    has_device_files = any(Path("/dev").glob("nvidia[0-9]*"))
+    has_device_files = any(Path("/dev").glob("nvidia[0-9]*")) or Path("/dev/dxg").exists()  # dxg: WSL2
     try:
         import pynvml
     except ImportError:
@@ -224,17 +235,20 @@ def _source_key(root: Path | None = None) -> str:
     for path in sorted({p for pattern in patterns for p in root.glob(pattern) if p.is_file()}):
         digest.update(str(path.relative_to(root)).encode())  # where the sources sit is not part of the build
         digest.update(path.read_bytes())
+    digest.update(Path(__file__).read_bytes())  # how it is built (flags, link) belongs to what is built
     digest.update(repr((torch.__version__, torch.version.cuda, sys.version_info[:2])).encode())
     return digest.hexdigest()[:16]
 
 
-def _build_key(root: Path, flags: tuple[list[str], ...], cuda: bool) -> str:
-    """Digest of a build: its sources, flags (the CUDA targets among them) and compilers."""
+def _build_key(root: Path, flags: tuple[list[str], ...], cuda: bool, source_key: str | None = None) -> str:
+    """Digest of a build: its sources (source_key, computed when not given), flags (the CUDA targets among them)
+    and compilers."""
     portable_flags = [[f.replace(str(root), "<csrc>") for f in group] for group in flags]
     compilers = [_tool_version(os.environ.get("CXX", "c++"))]
     if cuda:
         compilers.append(_tool_version(str(cuda_home() / "bin" / "nvcc")))
-    return hashlib.sha256(repr((_source_key(root), portable_flags, compilers)).encode()).hexdigest()[:16]
+    key = _source_key(root) if source_key is None else source_key
+    return hashlib.sha256(repr((key, portable_flags, compilers)).encode()).hexdigest()[:16]
 
 
 def _complete_builds() -> list[tuple[Path, list[str]]]:
@@ -293,9 +307,13 @@ def load(archs: list[str] | None = None, verbose: bool | None = None) -> Path:
     archs: CUDA targets to build for instead of the environment's choice (e.g. ["80", "90a", "120"] for an
     image). Safe to call repeatedly and concurrently; the ops are registered once per process.
     """
-    if _loaded_library is not None:
-        return _loaded_library
     verbose = os.environ.get("KDTREE_OPS_VERBOSE", "0") not in ("", "0") if verbose is None else verbose
+    if _loaded_library is not None:
+        if archs is None or set(parse_archs(";".join(archs))) <= set(built_archs()):
+            return _loaded_library
+        # An image build for other targets than the library this process loaded (import time took a cached one):
+        # build it into the cache; the ops stay those already registered.
+        return _build(parse_archs(";".join(archs)), verbose)
     capabilities = visible_capabilities()
     wanted = parse_archs(";".join(archs)) if archs is not None else (requested_archs() if with_cuda() else None)
     if archs is None:
@@ -317,7 +335,8 @@ def _build(archs: list[str], verbose: bool) -> Path:
     cuda = bool(archs)
     sources = _sources(root, cuda)
     flags = _flags(root, archs)
-    name = f"kdtree_ops_{_build_key(root, flags, cuda)}"
+    source_key = _source_key(root)  # once: a source edited during the compile must not lend the build its key
+    name = f"kdtree_ops_{_build_key(root, flags, cuda, source_key)}"
     build_dir = cache_dir() / name
     build_dir.mkdir(parents=True, exist_ok=True)
     library = build_dir / f"{name}.so"
@@ -327,7 +346,7 @@ def _build(archs: list[str], verbose: bool) -> Path:
         if not manifest.exists():
             _compile(name, sources, flags, build_dir, archs, verbose)
             check_linkage(library)
-            meta = {"library": library.name, "archs": archs, "source_key": _source_key(),
+            meta = {"library": library.name, "archs": archs, "source_key": source_key,
                     "torch": torch.__version__, "built": time.strftime("%Y-%m-%d %H:%M:%S")}
             tmp = manifest.with_suffix(".tmp")
             tmp.write_text(json.dumps(meta, indent=1))

@@ -61,9 +61,11 @@ std::string launch_blocker(int device) {
   cudaFuncAttributes attributes;
   const cudaError_t status = cudaFuncGetAttributes(&attributes, tree_verify_attention_kernel<C>);
   if (status != cudaSuccess) {
-    (void)cudaGetLastError();  // the lookup's error is not sticky: clear it so later calls do not see it
-    return "this build has no kernel image of the " + config + " for " + gpu + " (" + cudaGetErrorString(status) +
-           "); rebuild with KDTREE_OPS_CUDA_ARCHS naming it";
+    (void)cudaGetLastError();  // a missing image is not a sticky error: clear it so later calls do not see it
+    if (status == cudaErrorNoKernelImageForDevice || status == cudaErrorInvalidDeviceFunction)
+      return "this build has no kernel image of the " + config + " for " + gpu + " (" + cudaGetErrorString(status) +
+             "); rebuild with KDTREE_OPS_CUDA_ARCHS naming it";
+    return "the " + config + " cannot be queried on " + gpu + ": " + cudaGetErrorString(status);
   }
   const size_t need = C::kSmemBytes + attributes.sharedSizeBytes;
   if (need > prop->sharedMemPerBlockOptin)

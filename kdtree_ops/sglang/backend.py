@@ -73,10 +73,11 @@ def check_cuda_kernels(ops, device) -> None:
     if torch.device(device).type == "cuda" and not ops.cuda_kernels_built():
         raise RuntimeError(
             "kdtree attention backend: the loaded kdtree_ops library has no CUDA kernels (it was built CPU-only: "
-            "KDTREE_OPS_CPU_ONLY=1 was set, or no CUDA toolkit (nvcc) was found when it was built), but this "
-            "server runs on CUDA. Fix: unset KDTREE_OPS_CPU_ONLY and install the CUDA toolkit (nvcc) in the "
-            "image, or prebuild with `python -m kdtree_ops build` on a machine with the toolkit; or launch with "
-            "--attention-backend triton (or KDTREE_VERIFY=off)."
+            "KDTREE_OPS_CPU_ONLY=1 was set, no CUDA toolkit (nvcc) was found, or it was built on a machine without "
+            "a GPU and no CUDA target named), but this server runs on CUDA. Fix: unset KDTREE_OPS_CPU_ONLY and "
+            "install the CUDA toolkit (nvcc) in the image, or prebuild with `python -m kdtree_ops build --archs "
+            "\"80;90a;120\"` on a machine with the toolkit; or launch with --attention-backend triton (or "
+            "KDTREE_VERIFY=off)."
         )
 
 
@@ -98,6 +99,7 @@ class KDTreeAttnBackend(TritonAttnBackend):
         self._graph_mask: GraphTreeMask | None = None
         # The mask and int32 qo_indptr of the step being run (eager) or captured (graph).
         self._step_tree_mask: torch.Tensor | None = None
+        self._step_rows: int | None = None  # eager: the requests' rows (DP attention pads q past them)
         self._step_qo_indptr: torch.Tensor | None = None
         self.divergence_stats = torch.zeros(3, dtype=torch.float32, device=self.device)
         self._verify_steps = 0
@@ -132,6 +134,7 @@ class KDTreeAttnBackend(TritonAttnBackend):
         qo_indptr = md.qo_indptr.to(torch.int32)  # already int32 here: no copy
         spec_info = forward_batch.spec_info
         self._step_qo_indptr = qo_indptr
+        self._step_rows = bs * num_tokens_per_req  # validate mode compares these: the parent leaves padding unwritten
         self._step_tree_mask = packed_tree_mask(
             spec_info.custom_mask if spec_info is not None else None,
             md.mask_indptr,
@@ -161,6 +164,7 @@ class KDTreeAttnBackend(TritonAttnBackend):
         )
         bs = forward_batch.batch_size
         self._step_qo_indptr = self._graph_mask.qo_indptr[: bs + 1]
+        self._step_rows = None
         self._step_tree_mask = self._graph_mask.packed
 
     def init_forward_metadata_in_graph(self, forward_batch):
@@ -236,7 +240,8 @@ class KDTreeAttnBackend(TritonAttnBackend):
         if self.verify_mode == "validate":
             ref = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
             out = self._tree_verify(q, k, v, layer, forward_batch, save_kv_cache=False, out=None)
-            self._ops.record_divergence(out, ref, self.divergence_stats)
+            rows = self._step_rows if self._step_rows is not None else out.shape[0]
+            self._ops.record_divergence(out[:rows], ref[:rows], self.divergence_stats)
             return ref
         return self._tree_verify(q, k, v, layer, forward_batch, save_kv_cache,
                                  out=getattr(forward_batch, "_attn_output", None))
