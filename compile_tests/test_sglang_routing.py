@@ -192,6 +192,17 @@ def fallback_lines(caplog) -> list:
     return [r.getMessage() for r in caplog.records if r.name == ROUTING_LOGGER and r.levelno == logging.WARNING]
 
 
+def step_fallback_lines(rig: Rig, caplog, sizes, seed: int) -> list:
+    """Runs one verify step of every layer (the next metadata init flushes the fallback log); its WARNING lines."""
+    step = Step(rig, sizes, seed=seed)
+    fb = step.forward_batch()
+    rig.backend.init_forward_metadata(fb)
+    with caplog.at_level(logging.WARNING):
+        run_layers(rig, step, fb)
+        rig.backend.init_forward_metadata(fb)
+    return fallback_lines(caplog)
+
+
 # ---- served ----------------------------------------------------------------------------------------------
 
 
@@ -224,14 +235,8 @@ def test_fp8_checkpoint_with_checkpoint_scales_falls_back(parent_calls, caplog):
     rig = Rig(fp8_checkpoint=True)
     for layer in rig.layers:
         layer.k_scale_float, layer.v_scale_float = 0.5, 2.0  # as process_weights_after_loading sets them
-    step = Step(rig, (4, 9), seed=3)
-    fb = step.forward_batch()
-    rig.backend.init_forward_metadata(fb)
-    with caplog.at_level(logging.WARNING):
-        run_layers(rig, step, fb)
-        rig.backend.init_forward_metadata(fb)
+    (line,) = step_fallback_lines(rig, caplog, (4, 9), seed=3)
     assert parent_calls == [0, 1]
-    (line,) = fallback_lines(caplog)
     assert "layers 0-1" in line and "KV scales (k, v) = (0.5, 2.0)" in line
 
 
@@ -291,14 +296,8 @@ def test_head_dims_the_op_lacks_fall_back(parent_calls, caplog, monkeypatch):
 
     monkeypatch.setattr(ops, "kernel_unsupported_reason", answer)
     rig = Rig(head_dim=96)
-    step = Step(rig, (2, 8), seed=6)
-    fb = step.forward_batch()
-    rig.backend.init_forward_metadata(fb)
-    with caplog.at_level(logging.WARNING):
-        run_layers(rig, step, fb)
-        rig.backend.init_forward_metadata(fb)
+    (line,) = step_fallback_lines(rig, caplog, (2, 8), seed=6)
     assert parent_calls == [0, 1]
-    (line,) = fallback_lines(caplog)
     assert "no CUDA kernel for head dims (96, 96)" in line and "layers 0-1" in line
 
     # The same answer machinery serves head dims 64 (control: the replacement is not a blanket no).
