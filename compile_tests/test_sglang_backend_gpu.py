@@ -23,10 +23,10 @@ import math
 import os
 
 import pytest
-from requires import import_or_skip_outside_ci
+from requires import require
 import torch
 
-sglang = import_or_skip_outside_ci("sglang", "sglang==0.5.23 is not installed")
+sglang = require("sglang", "pip install -e '.[test,sglang]'")
 
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS  # noqa: E402
 from sglang.srt.layers.radix_attention import RadixAttention  # noqa: E402

@@ -22,9 +22,9 @@ import textwrap
 from importlib import metadata
 
 import pytest
-from requires import import_or_skip_outside_ci
+from requires import require
 
-import_or_skip_outside_ci("sglang", "sglang==0.5.23 is not installed")
+require("sglang", "pip install -e '.[test,sglang]'")
 
 ENTRY_POINT_GROUP = "sglang.srt.plugins"
 SUBPROCESS_TIMEOUT_S = 600

@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from requires import import_or_skip_outside_ci
+from requires import require
 
-import_or_skip_outside_ci("sglang", "sglang==0.5.23 is not installed")
+require("sglang", "pip install -e '.[test,sglang]'")
 
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS  # noqa: E402
 from sglang.srt.layers.attention.triton_backend import TritonAttnBackend  # noqa: E402
