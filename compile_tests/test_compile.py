@@ -17,9 +17,9 @@ from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
 import kdtree_ops.ops as ops
-from kdtree_ops.cases import make_verify_case
-from kdtree_ops.reference import tree_verify_attention_reference
-from kdtree_ops.trees import ancestor_matrix, random_tree
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.testing.reference import tree_verify_attention_reference
+from kdtree_ops.testing.trees import ancestor_matrix, random_tree
 
 GQA = dict(num_q_heads=4, num_kv_heads=2, head_dim_qk=16, head_dim_v=16)
 # Batches of different N, B and T (and prefix lengths, so S and len(kv_indices) vary too).

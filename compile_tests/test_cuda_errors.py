@@ -33,7 +33,7 @@ import pytest
 import torch
 
 import test_errors as cpu_cases
-from kdtree_ops.cases import make_verify_case
+from kdtree_ops.testing.cases import make_verify_case
 
 pytestmark = pytest.mark.cuda
 
@@ -324,7 +324,7 @@ SUPPORT_KV_HEADS = [1, 2, 8]
 def support_call(dtype, kv_dtype, head_dims, num_kv_heads):
     """A small real call of this configuration; if it runs, it must match the float64 reference."""
     def run():
-        from kdtree_ops.reference import tree_verify_attention_reference
+        from kdtree_ops.testing.reference import tree_verify_attention_reference
         from test_numerics import TOLERANCES, assert_close_to_reference
 
         mla = head_dims == (576, 512) and num_kv_heads == 1

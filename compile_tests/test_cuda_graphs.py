@@ -20,9 +20,10 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
-from kdtree_ops.cases import make_verify_case
-from kdtree_ops.reference import tree_verify_attention_reference
-from kdtree_ops.trees import ancestor_matrix, mask_words_for
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.testing.reference import tree_verify_attention_reference
+from kdtree_ops.shapes import mask_words
+from kdtree_ops.testing.trees import ancestor_matrix
 
 pytestmark = pytest.mark.cuda
 
@@ -184,7 +185,7 @@ def ops():
 @pytest.mark.parametrize("bucket", BUCKETS, ids=lambda b: b.name)
 def test_capture_then_replay_new_batches(ops, bucket):
     rounds = _rounds(bucket)
-    words = mask_words_for(max(max(sizes) for sizes, _ in rounds))
+    words = mask_words(max(max(sizes) for sizes, _ in rounds))
     cases = [
         make_verify_case(
             tree_sizes=sizes, prefix_lens=prefixes, num_q_heads=bucket.num_q_heads, num_kv_heads=bucket.num_kv_heads,
@@ -248,8 +249,8 @@ def test_capture_then_replay_new_batches(ops, bucket):
 
 def test_helpers_capture_with_changing_batch(ops):
     """The mask helpers alone in a graph: B fixed, trees and rows change every replay (device-side lengths)."""
-    from kdtree_ops.reference import tree_mask_from_parents_reference
-    from kdtree_ops.trees import random_tree
+    from kdtree_ops.testing.reference import tree_mask_from_parents_reference
+    from kdtree_ops.testing.trees import random_tree
 
     rows, batch, words = 600, 5, 8
     parents = torch.full((rows,), -1, dtype=torch.int32, device="cuda")

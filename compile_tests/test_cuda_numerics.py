@@ -14,14 +14,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree_ops.cases import make_verify_case
-from kdtree_ops.reference import (
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.testing.reference import (
     record_divergence_reference,
     tree_mask_from_dense_reference,
     tree_mask_from_parents_reference,
     tree_verify_attention_reference,
 )
-from kdtree_ops.trees import ancestor_matrix, mask_words_for, random_tree
+from kdtree_ops.shapes import mask_words
+from kdtree_ops.testing.trees import ancestor_matrix, random_tree
 
 pytestmark = pytest.mark.cuda
 
@@ -281,7 +282,7 @@ def _batch_of_trees(sizes, seed, chain_at=None):
 def test_tree_mask_from_parents_big(ops, extra_words):
     sizes = [1024, 0, 1, 1024, 333, 31, 32, 33, 700, 0]
     trees, parents, qo = _batch_of_trees(sizes, seed=11, chain_at=3)
-    words = mask_words_for(1024) + extra_words
+    words = mask_words(1024) + extra_words
     padded = torch.cat([parents, torch.full((9,), -1, dtype=torch.int32)])
     got = ops.tree_mask_from_parents(padded.cuda(), qo.cuda(), words)
     expected = tree_mask_from_parents_reference(padded, qo, words)

@@ -1,7 +1,7 @@
 """The DDTree loop is lossless: draft -> build_tree -> verify forward -> accept_greedy -> commit, several requests of
 different prompt lengths at once, generates exactly the tokens of plain greedy decoding (one token per step)
 of the same target — on CPU (eager), and on CUDA eager and with the whole round captured in one CUDA graph and
-replayed every step. The target (kdtree_ops.toy_target) keeps a greedy margin wider than any bf16 rounding can
+replayed every step. The target (kdtree_ops.testing.toy_target) keeps a greedy margin wider than any bf16 rounding can
 close, which the test measures; the drafter's noise keeps acceptance strictly between 0 and K, so accepted
 paths are committed and read back every round. Two negative tests show the comparison catches a wrong tree
 mask and a skipped KV commit, and a fake-tensor run shows the round reads no tensor value on the host.
@@ -15,11 +15,12 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensorMode
 
-from kdtree_ops import ddtree, ops
-from kdtree_ops.ddtree_loop import LAYOUTS, DDTreeRound, DDTreeState, ddtree_generate, greedy_decode
-from kdtree_ops.toy_drafter import BlockDrafter
-from kdtree_ops.toy_model import PagedKVCache
-from kdtree_ops.toy_target import BF16_UNIT_ROUNDOFF, margin_bound, margin_target, top2_gap
+from kdtree_ops import ops
+from kdtree_ops.ddtree import ops as ddtree
+from kdtree_ops.ddtree.loop import LAYOUTS, DDTreeRound, DDTreeState, ddtree_generate, greedy_decode
+from kdtree_ops.testing.toy_drafter import BlockDrafter
+from kdtree_ops.testing.toy_model import PagedKVCache
+from kdtree_ops.testing.toy_target import BF16_UNIT_ROUNDOFF, margin_bound, margin_target, top2_gap
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 MODES = [(d, "eager") for d in DEVICES] + ([("cuda", "cuda_graph")] if "cuda" in DEVICES else [])

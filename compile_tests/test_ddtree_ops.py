@@ -1,5 +1,5 @@
-"""The DDTree round's ops (kdtree_ops/ddtree.py) against their plain-Python references
-(kdtree_ops/ddtree_reference.py) on fresh random inputs, literal cases pinned by hand, opcheck, torch.compile
+"""The DDTree round's ops (kdtree_ops/ddtree/ops.py) against their plain-Python references
+(kdtree_ops/ddtree/reference.py) on fresh random inputs, literal cases pinned by hand, opcheck, torch.compile
 (one opaque node per op, no graph breaks) and bad inputs (on CUDA each case in its own process).
 
 The same tests run on every device in DEVICES: the CPU here, the GPU where one is present.
@@ -17,8 +17,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.utils import run_and_get_code
 
 import kdtree_ops.ops as ops
-from kdtree_ops import ddtree
-from kdtree_ops.ddtree_reference import (accept_greedy_reference, build_tree_bruteforce, build_tree_heap,
+from kdtree_ops.ddtree import ops as ddtree
+from kdtree_ops.ddtree.reference import (accept_greedy_reference, build_tree_bruteforce, build_tree_heap,
                                          commit_kv_reference)
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])

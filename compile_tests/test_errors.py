@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree_ops.cases import make_verify_case
-from kdtree_ops.reference import tree_verify_attention_reference
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.testing.reference import tree_verify_attention_reference
 from test_numerics import TOLERANCES, assert_close_to_reference
 
 NAMES = ("q", "k_cache", "v_cache", "qo_indptr", "kv_indptr", "kv_indices", "tree_mask", "sm_scale", "logit_cap",

@@ -1,7 +1,7 @@
 """fp8 KV caches on the CPU: k_cache/v_cache in float8_e4m3fn or float8_e5m2 with per-tensor scales (the
 key/value is stored value x k_scale/v_scale), k_draft/v_draft in q's dtype and unscaled.
 
-Accuracy: the reference (kdtree_ops.reference) dequantizes the very fp8 values the kernel reads, in float64.
+Accuracy: the reference (kdtree_ops.testing.reference) dequantizes the very fp8 values the kernel reads, in float64.
 Converting an fp8 value to fp32 is exact, and its product with a float32 scale needs at most 4 + 24 significant
 bits, so the kernel's one rounding of it costs 2^-24 relative: far below its fp32 accumulation. The error left is
 the one test_numerics bounds for caches in q's dtype (fp32 accumulation plus the output's rounding to q's dtype),
@@ -14,8 +14,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kdtree_ops.cases import make_verify_case
-from kdtree_ops.reference import tree_verify_attention_reference
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.testing.reference import tree_verify_attention_reference
 from test_numerics import TOLERANCES, assert_close_to_reference
 
 FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]

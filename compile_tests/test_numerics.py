@@ -1,6 +1,6 @@
-"""Numerics of every kdtree op against the float64 references (kdtree_ops.reference).
+"""Numerics of every kdtree op against the float64 references (kdtree_ops.testing.reference).
 
-Inputs come from kdtree_ops.cases (random best-first trees, fragmented slots, strided and aliased caches).
+Inputs come from kdtree_ops.testing.cases (random best-first trees, fragmented slots, strided and aliased caches).
 Every attention check runs both ops: `tree_verify_attention`, and `tree_verify_attention_out` into a
 NaN-poisoned buffer that must come back fully written. Each test takes a `device` from DEVICES: the CPU
 always, CUDA when present (marked `cuda`; those run on the GPU machine with its kernel's dtypes and head dims).
@@ -13,14 +13,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kdtree_ops.cases import make_verify_case
-from kdtree_ops.reference import (
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.testing.reference import (
     record_divergence_reference,
     tree_mask_from_dense_reference,
     tree_mask_from_parents_reference,
     tree_verify_attention_reference,
 )
-from kdtree_ops.trees import ancestor_mask, ancestor_matrix, mask_words_for, random_tree
+from kdtree_ops.shapes import mask_words
+from kdtree_ops.testing.trees import ancestor_mask, ancestor_matrix, random_tree
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DEVICE_PARAMS = [pytest.param(d, marks=pytest.mark.cuda) if d == "cuda" else d for d in DEVICES]
@@ -108,7 +109,7 @@ def verify_cases(draw, device: str):
         logit_cap=draw(st.sampled_from([0.0, 0.0, 0.7, 5.0, 30.0])),
         pad_rows=draw(st.integers(0, 3)),
         extra_slots=draw(st.integers(0, 5)),
-        mask_words=mask_words_for(max(tree_sizes, default=0)) + draw(st.integers(0, 1)),
+        mask_words=mask_words(max(tree_sizes, default=0)) + draw(st.integers(0, 1)),
         max_depth=draw(st.sampled_from([None, 3, 8])),
         generator=torch.Generator().manual_seed(draw(st.integers(0, 2**31))),
     )
@@ -216,7 +217,7 @@ def test_strided_layout_reads_only_its_views(ops, device):
 
 
 # Bit j % 32 of word j // 32 of row i is set iff token i sees token j (itself and its ancestors), written out
-# by hand so the bit order does not rest on kdtree_ops.trees' packing, which the inputs and references share.
+# by hand so the bit order does not rest on kdtree_ops.testing.trees' packing, which the inputs and references share.
 # name: (parents, {row: its int32 words}).
 LITERAL_MASKS = {
     "chain_of_3": ([-1, 0, 1], {0: [0b1], 1: [0b11], 2: [0b111]}),
@@ -261,7 +262,7 @@ def _flatten(trees, pad_rows):
 @given(batch=batches_of_trees())
 def test_tree_mask_from_parents(ops, device, batch):
     trees, pad_rows, extra_words = batch
-    words = mask_words_for(max(map(len, trees), default=0)) + extra_words
+    words = mask_words(max(map(len, trees), default=0)) + extra_words
     parents, qo_indptr = _flatten(trees, pad_rows)
     got = ops.tree_mask_from_parents(parents.to(device), qo_indptr.to(device), words)
     assert got.shape == (parents.shape[0], words) and got.dtype == torch.int32 and got.device.type == device
@@ -295,7 +296,7 @@ def test_tree_mask_from_dense(ops, device, batch, data):
     parents, qo_indptr = _flatten(trees, pad_rows)
     prefix = torch.tensor(prefix_lens, dtype=index_dtype)
     num_tokens = parents.shape[0]
-    words = mask_words_for(max(map(len, trees), default=0)) + extra_words
+    words = mask_words(max(map(len, trees), default=0)) + extra_words
 
     got = ops.tree_mask_from_dense(custom_mask.to(device), mask_indptr.to(device), qo_indptr.to(device),
                                    prefix.to(device), num_tokens, words)

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 import kdtree_ops.ops as ops
-from kdtree_ops.cases import make_verify_case
-from kdtree_ops.trees import ancestor_matrix, mask_words_for, random_tree
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.shapes import mask_words
+from kdtree_ops.testing.trees import ancestor_matrix, random_tree
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 DEVICE_PARAMS = [pytest.param(d, marks=pytest.mark.cuda) if d == "cuda" else d for d in DEVICES]
@@ -89,7 +90,7 @@ MASK_IDS = ["small", "two_words_padded", "empty_requests", "spare_word", "empty_
 @pytest.mark.parametrize("sizes, pad, extra_words", MASK_SAMPLES, ids=MASK_IDS)
 def test_opcheck_tree_mask_from_parents(sizes, pad, extra_words, device):
     parents = [p for tree in _trees(sizes, 7) for p in tree] + [-1] * pad
-    words = mask_words_for(max(sizes, default=0)) + extra_words
+    words = mask_words(max(sizes, default=0)) + extra_words
     args = (torch.tensor(parents, dtype=torch.int32, device=device), _indptr(sizes, device), words)
     torch.library.opcheck(torch.ops.kdtree.tree_mask_from_parents.default, args)
 
@@ -104,7 +105,7 @@ def _dense_mask_args(sizes, prefix_lens, pad, extra_words, mask_dtype, device):
     flat = torch.cat(chunks) if chunks else torch.zeros(0, dtype=torch.bool)
     return (flat.to(mask_dtype).to(device), torch.tensor(starts[:-1] or [0], dtype=torch.int32, device=device),
             _indptr(sizes, device), torch.tensor(prefix_lens, dtype=torch.int32, device=device), sum(sizes) + pad,
-            mask_words_for(max(sizes, default=0)) + extra_words)
+            mask_words(max(sizes, default=0)) + extra_words)
 
 
 DENSE_SAMPLES = [([5, 9], [3, 0], 0, 0, torch.bool), ([40, 2], [4, 6], 2, 0, torch.uint8),

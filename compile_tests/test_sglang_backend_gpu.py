@@ -3,7 +3,7 @@
 Real ReqToTokenPool, MHA/MLA token-to-KV pools (through SGLang's attention test kit's mock model runners,
 which subclass ModelRunner), RadixAttention layers, ForwardBatch in TARGET_VERIFY with EAGLE (topk > 1),
 DFLASH and NGRAM spec infos. Each case checks the `kdtree` backend against the float64 reference
-(`kdtree_ops.reference`) and against the `triton` backend:
+(`kdtree_ops.testing.reference`) and against the `triton` backend:
 - eagerly (`init_forward_metadata` then the layer forward);
 - through SGLang's graph contract: `init_cuda_graph_state` -> `init_forward_metadata_out_graph(in_capture=True)`
   -> capture (with `init_forward_metadata_in_graph` inside) -> replay with a *different* tree, prefix lengths
@@ -50,9 +50,9 @@ from sglang.test.kits.attention_unittest.attention_methods.mla_attention import 
     TinyMLAModelConfig,
 )
 
-from kdtree_ops.reference import tree_verify_attention_reference  # noqa: E402
+from kdtree_ops.testing.reference import tree_verify_attention_reference  # noqa: E402
 from kdtree_ops.sglang import plugin  # noqa: E402
-from kdtree_ops.trees import ancestor_matrix, ancestor_mask, random_tree  # noqa: E402
+from kdtree_ops.testing.trees import ancestor_matrix, ancestor_mask, random_tree  # noqa: E402
 
 plugin.register()
 

@@ -301,7 +301,7 @@ def _full_mask_batch(trees, prefix_lens):
     """SGLang's FULL_MASK of a batch of trees (flat bool), its mask_indptr and qo_indptr."""
     import torch
 
-    from kdtree_ops.trees import ancestor_matrix
+    from kdtree_ops.testing.trees import ancestor_matrix
 
     flats, sizes = [], []
     for parents, prefix in zip(trees, prefix_lens):
@@ -321,7 +321,7 @@ def test_packed_tree_mask_from_sglang_layouts(tree_tokens):
     import torch
 
     from kdtree_ops.sglang.verify_metadata import GraphTreeMask, mask_words, packed_tree_mask
-    from kdtree_ops.trees import ancestor_mask, random_tree
+    from kdtree_ops.testing.trees import ancestor_mask, random_tree
 
     gen = torch.Generator().manual_seed(tree_tokens)
     prefix_lens = [0, 5, 19]

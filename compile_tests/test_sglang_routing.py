@@ -42,10 +42,10 @@ from sglang.test.kits.attention_unittest.attention_methods.dense_attention impor
 )
 
 from kdtree_ops import ops  # noqa: E402
-from kdtree_ops.reference import tree_verify_attention_reference  # noqa: E402
+from kdtree_ops.testing.reference import tree_verify_attention_reference  # noqa: E402
 from kdtree_ops.sglang import backend as backend_module  # noqa: E402
 from kdtree_ops.sglang import plugin  # noqa: E402
-from kdtree_ops.trees import ancestor_mask, ancestor_matrix, random_tree  # noqa: E402
+from kdtree_ops.testing.trees import ancestor_mask, ancestor_matrix, random_tree  # noqa: E402
 
 plugin.register()
 

@@ -1,4 +1,4 @@
-"""The toy decoder (kdtree_ops.toy_model) compiled end to end — embedding, every layer's QKV projection, RoPE,
+"""The toy decoder (kdtree_ops.testing.toy_model) compiled end to end — embedding, every layer's QKV projection, RoPE,
 cache write, tree_verify_attention, output projection and MLP, the LM head — with fullgraph=True and Inductor
 on the CPU: no graph break, one compile for verify steps of different N and B, one extern call per layer, and
 logits that match eager and the float64 reference path (same weights, attention through the reference).
@@ -15,8 +15,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch._dynamo.utils import counters
 from torch._inductor.utils import run_and_get_code
 
-from kdtree_ops.toy_model import GQA_CONFIG, MLA_CONFIG, PagedKVCache, ToyDecoder, build_verify_batch
-from kdtree_ops.trees import random_tree
+from kdtree_ops.testing.toy_model import GQA_CONFIG, MLA_CONFIG, PagedKVCache, ToyDecoder, build_verify_batch
+from kdtree_ops.testing.trees import random_tree
 
 NUM_SLOTS = 256
 # Verify steps of different shapes: (tree sizes T_b, prefix lengths L_b).

@@ -2,7 +2,7 @@
 // the CPU and CUDA implementations so that both reject the same inputs with the same messages. The *_args checks
 // read shapes, dtypes, devices and pointers only (free under CUDA-graph capture); the *_values checks read tensor
 // values (a host sync on CUDA): the CPU path always runs them, the CUDA path only with KDTREE_OPS_DEBUG=1 outside
-// graph capture. Semantics of each op: kdtree_ops/ddtree.py.
+// graph capture. Semantics of each op: kdtree_ops/ddtree/ops.py.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -26,8 +26,8 @@ TORCH_LIBRARY(kdtree, m) {
   // Device-side divergence statistics of `out` against `ref`, accumulated into float32 stats[3].
   m.def("record_divergence(Tensor out, Tensor ref, Tensor(a!) stats) -> ()");
 
-  // ---- The DDTree round: its fakes, and each argument's shape and dtype, are in kdtree_ops/ddtree.py ----
-  m.set_python_module("kdtree_ops.ddtree");  // for the defs below
+  // ---- The DDTree round: its fakes, and each argument's shape and dtype, are in kdtree_ops/ddtree/ops.py ----
+  m.set_python_module("kdtree_ops.ddtree.ops");  // for the defs below
   // Best-first draft tree from the block drafter's top-k: tokens, parents, depths and the packed ancestor mask.
   m.def(
       "ddtree_build_tree(Tensor logprobs, Tensor tokens, Tensor root_tokens, SymInt budget) -> (Tensor tree_tokens, "

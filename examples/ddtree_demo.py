@@ -19,9 +19,9 @@ import sys
 
 import torch
 
-from kdtree_ops.ddtree_loop import DDTreeRound, ddtree_generate, greedy_decode
-from kdtree_ops.toy_drafter import BlockDrafter, top1_accuracy
-from kdtree_ops.toy_target import margin_bound, margin_target, top2_gap
+from kdtree_ops.ddtree.loop import DDTreeRound, ddtree_generate, greedy_decode
+from kdtree_ops.testing.toy_drafter import BlockDrafter, top1_accuracy
+from kdtree_ops.testing.toy_target import margin_bound, margin_target, top2_gap
 
 BUDGETS = (16, 64, 256, 1023)
 BLOCK_SIZE, TOP_K = 16, 4

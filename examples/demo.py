@@ -33,8 +33,9 @@ import torch
 from ddtree_demo import run as run_ddtree_demo  # examples/, beside this file
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from kdtree_ops.toy_model import GQA_CONFIG, MLA_CONFIG, PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
-from kdtree_ops.trees import mask_words_for, random_tree
+from kdtree_ops.testing.toy_model import GQA_CONFIG, MLA_CONFIG, PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
+from kdtree_ops import shapes
+from kdtree_ops.testing.trees import random_tree
 
 # Max |logit - float64 logit| allowed, by model dtype (logits are O(1)-O(10) with these weights).
 TOLERANCE = {torch.float32: 2e-3, torch.float16: 5e-2, torch.bfloat16: 2.5e-1}
@@ -191,7 +192,7 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(args.seed)
     prompt_range = (8, 20)
     num_slots = 1 + args.requests * (prompt_range[1] + (args.steps + 1) * args.tree_size)
-    mask_words = mask_words_for(max(prompt_range[1], args.tree_size))
+    mask_words = shapes.mask_words(max(prompt_range[1], args.tree_size))
     draft_in_cache = not args.separate_draft
 
     model = ToyDecoder(config, seed=args.seed).to(device=device, dtype=dtype)

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from kdtree_ops import ops
-from kdtree_ops.cases import make_verify_case
-from kdtree_ops.reference import tree_mask_from_parents_reference, tree_verify_attention_reference
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.testing.reference import tree_mask_from_parents_reference, tree_verify_attention_reference
 
 # (name, make_verify_case arguments)
 CASES = [

@@ -13,10 +13,12 @@ import functools
 import torch
 
 from . import build
+from .shapes import attention_output_shape, mask_words  # noqa: F401  (re-exported)
 
 build.load()  # the schemas; the fakes below belong with them
 
 __all__ = [
+    "mask_words",
     "cuda_kernels_built",
     "has_kernel_for",
     "kernel_unsupported_reason",
@@ -74,11 +76,6 @@ def has_kernel_for(device: torch.device | str, dtype: torch.dtype, head_dim_qk: 
 def cuda_kernels_built() -> bool:
     """Whether the loaded library holds CUDA kernels (False for a CPU-only build)."""
     return torch._C._dispatch_has_kernel_for_dispatch_key("kdtree::tree_verify_attention", "CUDA")
-
-
-def attention_output_shape(q: torch.Tensor, v_cache: torch.Tensor) -> tuple:
-    """[N, Hq, Dv]: the output of tree_verify_attention (shared by the wrapper's callers and the fake)."""
-    return (q.shape[0], q.shape[1], v_cache.shape[2])
 
 
 def tree_verify_attention(
@@ -238,4 +235,4 @@ def _record_divergence_fake(out, ref, stats):
     return None
 
 
-from . import ddtree  # noqa: E402,F401  (the DDTree round's wrappers and fakes)
+from . import ddtree  # noqa: E402,F401  (the DDTree round's wrappers and fakes: kdtree_ops/ddtree/ops.py)

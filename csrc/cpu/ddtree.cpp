@@ -1,4 +1,4 @@
-// CPU implementations of the DDTree round (schemas in csrc/ops.cpp, semantics in kdtree_ops/ddtree.py):
+// CPU implementations of the DDTree round (schemas in csrc/ops.cpp, semantics in kdtree_ops/ddtree/ops.py):
 //   ddtree_build_tree:    best-first tree from the drafter's top-k, with a binary heap over frontier entries;
 //   ddtree_accept_greedy: the walk from the root along the target's greedy tokens;
 //   ddtree_commit_kv:     the accepted nodes' K/V rows copied to their destination slots.

@@ -1,4 +1,4 @@
-// CUDA impls of the DDTree round (schemas in csrc/ops.cpp, semantics in kdtree_ops/ddtree.py, the CPU impls in
+// CUDA impls of the DDTree round (schemas in csrc/ops.cpp, semantics in kdtree_ops/ddtree/ops.py, the CPU impls in
 // csrc/cpu/ddtree.cpp produce the same bits). All three are capture-safe: grids from shapes only, no host sync,
 // the current stream under a device guard; the value checks run only with KDTREE_OPS_DEBUG=1 outside capture.
 //

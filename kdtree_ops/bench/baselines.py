@@ -33,7 +33,7 @@ def dense_full_mask(case) -> tuple[torch.Tensor, torch.Tensor]:
 
     Request b's rows are [T_b, L_b + T_b]: prefix columns all true, then the tree's ancestor matrix.
     """
-    from ..trees import ancestor_matrix
+    from ..testing.trees import ancestor_matrix
 
     device = case.q.device
     qo = case.qo_indptr.tolist()
@@ -86,7 +86,7 @@ def _prepare_sglang_triton(case) -> Callable[[], torch.Tensor]:
 def _prepare_torch_sdpa(case) -> Callable[[], torch.Tensor]:
     import torch.nn.functional as F
 
-    from ..trees import ancestor_matrix
+    from ..testing.trees import ancestor_matrix
 
     sizes, prefixes = case.tree_sizes, case.prefix_lens
     assert case.k_draft is not None and len(set(sizes)) == 1 and len(set(prefixes)) == 1, \

@@ -60,7 +60,7 @@ def _errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
 
 
 def _run_workload(w, impls, ceilings, args) -> dict:
-    from ..reference import tree_verify_attention_reference
+    from ..testing.reference import tree_verify_attention_reference
     from .baselines import IMPLEMENTATIONS
     from .floor import floor_us
     from .timing import rotation_sets, time_calls

@@ -3,7 +3,7 @@ the host heap algorithm (DDTree's reference approach), timed in the same run.
 
 Rows: B in {1, 8, 32}, K = 16, top-k in {8, 32}, budget in {16, 64, 256, 1024}. GPU columns are median µs per
 call under CUDA-graph replay (timing.py: one graph, replays queued behind a GPU sleep). The heap column is the
-median wall time of the host algorithm for the whole batch (ddtree_reference.best_first_paths_heap per request,
+median wall time of the host algorithm for the whole batch (ddtree.reference.best_first_paths_heap per request,
 then its tokens and parents), from log-probs already in host lists: the copy to the host, the sync and the
 copy of the tree back that a host build also needs are not counted, so the speedup is a lower bound.
 The CPU op column is this library's C++ kernel (csrc/cpu/ddtree.cpp) on the same inputs. Targets (issue 29):
@@ -32,7 +32,7 @@ BUDGETS = (16, 64, 256, 1024)
 def ddtree_inputs(batch: int, positions: int, top_k: int, budget: int, *, seed: int = 0, device: str = "cpu"):
     """A drafter's top-k (log-softmax of random logits, peaked like a trained drafter's), a built tree and
     target tokens that follow a child of each node with probability 0.8: (build args, accept args)."""
-    from .. import ddtree
+    from ..ddtree import ops as ddtree
 
     gen = torch.Generator().manual_seed(seed)
     logits = torch.randn(batch, positions, 4 * top_k, generator=gen) * 3
@@ -51,7 +51,7 @@ def ddtree_inputs(batch: int, positions: int, top_k: int, budget: int, *, seed: 
 
 
 def _host_heap_us(logprobs: torch.Tensor, tokens: torch.Tensor, roots: torch.Tensor, budget: int, reps: int):
-    from ..ddtree_reference import best_first_paths_heap, tree_from_paths
+    from ..ddtree.reference import best_first_paths_heap, tree_from_paths
 
     lp, tok, root = logprobs.tolist(), tokens.tolist(), roots.tolist()
     times = []
@@ -76,7 +76,7 @@ def ddtree_rows(batches=BATCHES, top_ks=TOP_KS, budgets=BUDGETS, positions: int 
                 host_reps: int = 3, gpu: bool | None = None, seed: int = 0) -> list[dict]:
     """One row per (B, top-k, budget): GPU build/accept µs (graph replay; None without a GPU or gpu=False),
     the host heap's µs for the batch, the CPU op's µs, and the heap / GPU build speedup."""
-    from .. import ddtree
+    from ..ddtree import ops as ddtree
 
     gpu = torch.cuda.is_available() if gpu is None else gpu
     rows = []

@@ -1,8 +1,8 @@
 """The benchmark workloads of DESIGN.md (H200, bf16): G1–G5 GQA/MHA, M1–M5 absorbed MLA.
 
 Every request of a workload has the same tree size T and prefix length L; trees are random best-first
-(DDTree-like, `kdtree_ops.trees.random_tree`) and prefix slots are a random sample of a larger pool
-(fragmented), both from `kdtree_ops.cases.make_verify_case`. The draft tokens' K/V are passed separately
+(DDTree-like, `kdtree_ops.testing.trees.random_tree`) and prefix slots are a random sample of a larger pool
+(fragmented), both from `kdtree_ops.testing.cases.make_verify_case`. The draft tokens' K/V are passed separately
 (`draft_mode="separate"`), as SGLang's Triton backend passes them in TARGET_VERIFY.
 """
 
@@ -33,8 +33,8 @@ class Workload:
                 f"B={self.batch} T={self.tree} L={self.prefix}")
 
     def case(self, *, device="cuda", dtype=torch.bfloat16, seed: int = 0):
-        """The workload's inputs as a `kdtree_ops.cases.VerifyCase` (built on the CPU, moved to `device`)."""
-        from ..cases import make_verify_case
+        """The workload's inputs as a `kdtree_ops.testing.cases.VerifyCase` (built on the CPU, moved to `device`)."""
+        from ..testing.cases import make_verify_case
 
         return make_verify_case(
             tree_sizes=[self.tree] * self.batch,

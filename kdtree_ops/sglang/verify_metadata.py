@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 # int32 words per packed-mask row for trees of up to N draft tokens (at least 1); the backend imports it here.
-from ..trees import mask_words_for as mask_words
+from ..shapes import mask_words
 
 
 def chain_parents(qo_indptr: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
+from ..shapes import mask_words
+
 __all__ = [
     "random_tree",
     "tree_depths",
@@ -23,13 +25,7 @@ __all__ = [
     "ancestor_mask",
     "pack_mask_bits",
     "unpack_mask_bits",
-    "mask_words_for",
 ]
-
-
-def mask_words_for(num_tokens: int) -> int:
-    """int32 words per mask row that hold `num_tokens` bits (at least 1)."""
-    return max(1, -(-int(num_tokens) // 32))
 
 
 def random_tree(
@@ -141,5 +137,5 @@ def unpack_mask_bits(mask: torch.Tensor, cols: int) -> torch.Tensor:
 def ancestor_mask(parents: Sequence[int] | torch.Tensor, words: int | None = None) -> torch.Tensor:
     """[T, words] int32 packed ancestor mask of one tree (words defaults to ceil(T / 32), at least 1)."""
     parents = _as_list(parents)
-    words = mask_words_for(len(parents)) if words is None else words
+    words = mask_words(len(parents)) if words is None else words
     return pack_mask_bits(ancestor_matrix(parents), words)

@@ -16,7 +16,7 @@ import struct
 
 import torch
 
-from .trees import ancestor_mask
+from ..testing.trees import ancestor_mask
 
 __all__ = ["build_tree_heap", "best_first_paths_heap", "tree_from_paths", "build_tree_bruteforce",
            "accept_greedy_reference", "commit_kv_reference", "f32_add"]

@@ -20,7 +20,8 @@ from dataclasses import dataclass, fields
 
 import torch
 
-from .trees import ancestor_mask, mask_words_for, random_tree
+from .. import shapes
+from .trees import ancestor_mask, random_tree
 
 __all__ = ["VerifyCase", "make_verify_case"]
 
@@ -144,7 +145,7 @@ def make_verify_case(
         raise ValueError("make_verify_case: num_q_heads must be a multiple of num_kv_heads")
     gen = generator if generator is not None else torch.Generator().manual_seed(0)
     max_tree = max(tree_sizes, default=0)
-    words = mask_words_for(max_tree) if mask_words is None else mask_words
+    words = shapes.mask_words(max_tree) if mask_words is None else mask_words
     if 32 * words < max_tree:
         raise ValueError(f"make_verify_case: mask_words={words} cannot hold a tree of {max_tree} tokens")
 

@@ -21,9 +21,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from . import ops
+from .. import ops
 from .reference import tree_mask_from_parents_reference, tree_verify_attention_reference
-from .trees import mask_words_for, tree_positions
+from .. import shapes
+from .trees import tree_positions
 
 
 @dataclass(frozen=True)
@@ -135,7 +136,7 @@ def build_verify_batch(tokens: list[list[int]], parents: list[list[int]], prefix
     n = sum(sizes)
     num_tokens = n if num_tokens is None else num_tokens
     assert num_tokens >= n, f"num_tokens={num_tokens} < {n} tree tokens"
-    mask_words = mask_words_for(max(sizes, default=0)) if mask_words is None else mask_words
+    mask_words = shapes.mask_words(max(sizes, default=0)) if mask_words is None else mask_words
     ids, pos, par, loc, kv = [], [], [], [], []
     qo, kvp = [0], [0]
     for tok, parent, prefix, slots in zip(tokens, parents, prefix_slots, draft_slots):

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
-from . import ddtree
-from .toy_model import PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
+from . import ops as ddtree
+from ..testing.toy_model import PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
 
 LAYOUTS = ("paged", "contiguous")
 

@@ -1,4 +1,4 @@
-"""A block drafter for the toy target (kdtree_ops.toy_target): K future positions at once, DDTree-style.
+"""A block drafter for the toy target (kdtree_ops.testing.toy_target): K future positions at once, DDTree-style.
 
 A block-diffusion drafter (DFlash, DDTree's) reads the target's hidden state and proposes all K positions after
 the next token in one forward, as per-position distributions. This one does the same for the toy target, whose

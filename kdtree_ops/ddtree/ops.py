@@ -16,22 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from . import build
+from .. import build
+from ..shapes import build_tree_shapes, mask_words  # noqa: F401  (re-exported)
 
 build.load()
 
 __all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "build_tree_shapes", "mask_words"]
-
-
-def mask_words(num_nodes) -> object:
-    """int32 words per tree-mask row for `num_nodes` nodes: ceil(num_nodes / 32) (int or SymInt)."""
-    return (num_nodes + 31) // 32
-
-
-def build_tree_shapes(batch, budget) -> tuple:
-    """Shapes of build_tree's four outputs (shared by the fake and the callers that preallocate)."""
-    nodes = budget + 1
-    return (batch, nodes), (batch, nodes), (batch, nodes), (batch * nodes, mask_words(nodes))
 
 
 def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, root_tokens: torch.Tensor, budget: int):
