@@ -53,6 +53,59 @@ def test_default_targets_are_the_visible_gpus_or_none(monkeypatch):
         build.parse_archs("hopper")
 
 
+def test_targets_before_sm80_never_build_and_never_hide_a_gpu(monkeypatch):
+    # A PyTorch list with nothing the kernels support once made an empty request, and a cached CPU-only build then
+    # "served" an H100; a visible sm_75 GPU became an nvcc target and the build failed (__reduce_max_sync).
+    for var in ("KDTREE_OPS_CUDA_ARCHS", "TORCH_CUDA_ARCH_LIST", "KDTREE_OPS_CPU_ONLY"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(build, "with_cuda", lambda: True)
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5 Turing")
+    assert build.requested_archs() is None         # as if unset: the visible GPUs decide
+    assert build.cuda_archs(["90"]) == ["90a"]
+    assert not build._serves([], build.requested_archs(), ["90"])  # a CPU-only build does not serve an H100
+    assert build.cuda_archs(["75"]) == []          # an sm_75 GPU alone: CPU only, no failing nvcc target
+    assert build.cuda_archs(["75", "86"]) == ["86"]
+    assert build._serves([], None, ["75"])         # ... and a CPU-only build serves that machine
+    monkeypatch.setenv("KDTREE_OPS_CUDA_ARCHS", "75;90a")  # named by us: an error that says why
+    with pytest.raises(ValueError, match=r"sm_75 are not supported: the kernels need sm_80 or later"):
+        build.requested_archs()
+
+
+def test_load_with_new_targets_after_a_load_compiles_without_loading(monkeypatch, tmp_path):
+    # After import time loaded a cached build, `load(archs)` for other targets compiled through cpp_extension.load,
+    # which loads what it builds: a second TORCH_LIBRARY(kdtree) aborted the process. Now the build is made for
+    # later processes and this one keeps its library.
+    monkeypatch.setattr(build, "_loaded_library", Path("/cached/kdtree_ops_x.so"))
+    monkeypatch.setattr(build, "built_archs", lambda: ["90a"])
+    made = []
+    monkeypatch.setattr(build, "_build", lambda archs, verbose: made.append(archs) or tmp_path / "new.so")
+    monkeypatch.setattr(build, "_register", lambda library: pytest.fail("a second library was loaded"))
+    assert build.load(archs=["90a"]) == Path("/cached/kdtree_ops_x.so")  # already held: nothing to do
+    assert build.load(archs=["80", "90a"]) == tmp_path / "new.so"
+    assert made == [["80", "90a"]]
+
+
+def test_a_build_in_a_process_that_loaded_one_compiles_in_a_child(ops, tmp_path):
+    # The compile itself: a second build (other flags, so another key) in a process whose ops are registered must
+    # neither abort it nor load the new library into it (it loaded before the runtime sharing and the linkage check).
+    code = f"""
+import os, sys
+import kdtree_ops.ops
+from kdtree_ops import build
+first = build.load()
+os.environ["KDTREE_OPS_CACHE_DIR"] = {str(tmp_path)!r}
+os.environ["KDTREE_OPS_CPU_ONLY"] = "1"
+flags = build._flags
+build._flags = lambda root, archs: tuple(group + ["-DKDTREE_OPS_TEST_VARIANT=1"] for group in flags(root, archs))
+second = build._build([], False)
+loaded = sorted({{line.split()[-1] for line in open("/proc/self/maps") if "kdtree_ops_" in line and line.endswith(".so\\n")}})
+print("RESULT", second != first, second.is_file(), (second.parent / "build.json").is_file(), loaded == [str(first)])
+"""
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split("RESULT")[-1].split() == ["True", "True", "True", "True"], run.stdout + run.stderr[-2000:]
+
+
 @pytest.mark.parametrize("targets, capability, expected", [
     (["80", "90a", "120"], "90", True),    # the prebuilt image serves an H200
     (["80", "90a", "120"], "86", True),    # sm_80 code runs on sm_86 (A10, A6000) and sm_89
@@ -61,6 +114,11 @@ def test_default_targets_are_the_visible_gpus_or_none(monkeypatch):
     (["90a"], "100", False),               # an "a" target runs on its own architecture only
     (["86"], "80", False),                 # never on an older minor
     (["120"], "89", False),
+    (["120f"], "121", True),               # a family target runs on its family's later minors
+    (["100f"], "103", True),
+    (["100f"], "120", False),              # ... of its own major only
+    (["121f"], "120", False),
+    (["120a"], "121", False),
     ([], "90", False),
 ])
 def test_a_build_covers_the_gpus_its_code_runs_on(targets, capability, expected):

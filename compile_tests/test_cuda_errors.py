@@ -1,9 +1,12 @@
 """Bad inputs on CUDA raise RuntimeError naming the argument, and never kill the process.
 
-Every case runs in a fresh Python process (`python -c`, this module imported there, one case run), so a host-side
-check that crashes (the SIGSEGV of issue 25) fails that case alone. The child reports whether the call raised
-RuntimeError and its message; the test asserts the child exited normally and that the message matches. The
-children run a few at a time, started when the first test of this module needs them.
+Every case runs in a process of its own, so a host-side check that crashes (the SIGSEGV of issue 25) fails that case
+alone. The processes are forked from a server (multiprocessing's forkserver) that imported torch, the library and
+this module once, before any CUDA initialization, so a case costs a fork and its own CUDA context rather than a
+Python start, a torch import and a library load (1.6 s a case at 14 workers on the H200, which outran the GPU
+suite's call). The child reports whether the call raised RuntimeError and its message; the test asserts the child
+exited normally and that the message matches. The children run a few at a time, started when the first test of this
+module needs them.
 
 Covered, for tree_verify_attention (functional and `_out` forms, eager and while capturing a CUDA graph):
 - the shared shape/dtype/stride checks (test_errors.SHAPE_CASES, OUT_CASES, on CUDA bf16 tensors, Dqk = Dv = 64);
@@ -21,11 +24,13 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import multiprocessing
 import os
 import re
 import signal
-import subprocess
 import sys
+import tempfile
+import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -130,9 +135,14 @@ class Case:
     debug: bool = False  # KDTREE_OPS_DEBUG=1 in the child's environment
 
 
-def child_main(name: str) -> None:
-    """The child's body: run one case, print one REPORT line."""
-    import kdtree_ops.ops  # noqa: F401  (loads the library)
+def child_main(name: str, debug: bool, report) -> None:
+    """The child's body (a fork of the case server): run one case, send one result through `report`."""
+    if debug:
+        os.environ["KDTREE_OPS_DEBUG"] = "1"  # read by the library at each call
+    else:
+        os.environ.pop("KDTREE_OPS_DEBUG", None)
+    assert not torch.cuda.is_initialized(), "the case server initialized CUDA before forking"
+    import kdtree_ops.ops  # noqa: F401  (loaded in the server already where a build was cached)
 
     case = CASES_BY_NAME[name]
     try:
@@ -140,7 +150,7 @@ def child_main(name: str) -> None:
         result = {"raised": False}
     except RuntimeError as exc:
         result = {"raised": True, "type": type(exc).__name__, "message": str(exc)}
-    print(REPORT + json.dumps(result), flush=True)
+    report.send(result)
 
 
 # --- the cases -------------------------------------------------------------------------------------------
@@ -363,25 +373,45 @@ assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
 @dataclass
 class ChildResult:
     returncode: int
-    stdout: str
+    result: dict | None
     stderr: str
 
     def report(self) -> dict | None:
-        lines = [l for l in self.stdout.splitlines() if l.startswith(REPORT)]
-        return json.loads(lines[-1][len(REPORT):]) if lines else None
+        return self.result
+
+
+@functools.lru_cache(maxsize=1)
+def case_server():
+    """The forkserver context whose server preloads torch, the library and this module (cuda_case_server.py)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["cuda_case_server"])
+    return context
+
+
+def _run_in_child(name: str, debug: bool, report, stderr_path: str) -> None:
+    with open(stderr_path, "w") as err:  # the child's output, for the failure message
+        os.dup2(err.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+    child_main(name, debug, report)
 
 
 def run_child(case: Case) -> ChildResult:
-    env = {k: v for k, v in os.environ.items() if k != "KDTREE_OPS_DEBUG"}
-    if case.debug:
-        env["KDTREE_OPS_DEBUG"] = "1"
-    code = f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_cuda_errors as t; t.child_main({case.name!r})"
-    try:
-        done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                              timeout=CHILD_TIMEOUT_S)
-    except subprocess.TimeoutExpired as exc:
-        return ChildResult(-999, exc.stdout or "", f"timed out after {CHILD_TIMEOUT_S} s\n{exc.stderr or ''}")
-    return ChildResult(done.returncode, done.stdout, done.stderr)
+    context = case_server()
+    receive, send = context.Pipe(duplex=False)
+    with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
+        process = context.Process(target=_run_in_child, args=(case.name, case.debug, send, log.name))
+        process.start()
+        send.close()
+        try:
+            result = receive.recv() if receive.poll(CHILD_TIMEOUT_S) else None
+        except EOFError:  # the child died before it reported
+            result = None
+        process.join(30)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            return ChildResult(-999, None, f"timed out after {CHILD_TIMEOUT_S} s\n{log.read()}")
+        return ChildResult(process.exitcode, result, log.read())
 
 
 @pytest.fixture(scope="module")
@@ -389,6 +419,8 @@ def child_results(request, ops):  # ops: the library is built before the childre
     """name -> future ChildResult, for the cases of this module that the session selected, run a few at a time."""
     selected = [item.callspec.params["case"] for item in request.session.items
                 if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params]
+    if str(HERE) not in sys.path:  # the case server imports this module by name
+        sys.path.insert(0, str(HERE))
     workers = max(1, min(14, (os.cpu_count() or 2) - 2))
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         yield {c.name: pool.submit(run_child, c) for c in selected}

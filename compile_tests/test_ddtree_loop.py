@@ -134,3 +134,11 @@ def test_the_round_reads_no_tensor_value(layout):
         assert fake.generated.shape == state.generated.shape and fake.tree_slots.shape == state.tree_slots.shape
         with pytest.raises(DataDependentOutputException):
             fake.seq_lens.max().item()  # the check can fail: a value read is refused
+
+
+@pytest.mark.parametrize("budget", [1024, 5000, -1])
+def test_a_round_refuses_trees_the_verify_op_cannot_take(budget):
+    """budget + 1 nodes verify as one tree: past 1023 the mask needs 33 words, which the verify op rejects."""
+    model, kappa = margin_target()
+    with pytest.raises(ValueError, match=r"budget must be in \[0, 1023\]"):
+        DDTreeRound(model, BlockDrafter(kappa, BLOCK_SIZE, TOP_K, NOISE), budget)

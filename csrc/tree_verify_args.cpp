@@ -110,6 +110,10 @@ TreeVerifyDims check_tree_verify_args(
               tree_mask.sizes());
   TORCH_CHECK(d.num_tokens == 0 || tree_mask.size(1) >= 1,
               "tree_verify_attention: tree_mask needs at least one int32 word per row, got ", tree_mask.sizes());
+  // More words than 32 would describe trees past 1024 tokens, which no kernel takes: a shape error everywhere, so
+  // that a wide mask (a DDTree budget of 1024 or more) fails at once rather than reach a kernel.
+  TORCH_CHECK(tree_mask.size(1) <= 32, "tree_verify_attention: tree_mask must have at most 32 int32 words per row "
+              "(trees of up to 1024 tokens), got ", tree_mask.sizes());
   check_inner_contiguous(tree_mask, "tree_mask");
   d.mask_words = tree_mask.size(1);
 
@@ -159,8 +163,6 @@ void check_tree_verify_values(const TreeVerifyDims& d, const at::Tensor& qo_indp
     TORCH_CHECK(slots_b >= 0, "tree_verify_attention: kv_indptr must be non-decreasing (request ", b, ")");
     TORCH_CHECK(tree <= 32 * d.mask_words, "tree_verify_attention: request ", b, " has ", tree,
                 " draft tokens but tree_mask has only ", d.mask_words, " words (", 32 * d.mask_words, " bits) per row");
-    TORCH_CHECK(tree <= 1024, "tree_verify_attention: request ", b, " has ", tree,
-                " draft tokens; trees of up to 1024 tokens are supported");
     TORCH_CHECK(!d.draft_in_cache || slots_b >= tree, "tree_verify_attention: request ", b, " has ", slots_b,
                 " kv slots, fewer than its ", tree, " draft tokens (without k_draft the slots must hold the "
                 "prefix then the draft tokens)");

@@ -2,8 +2,9 @@
 
 Every CUDA kernel path is hit at least once, at shapes small enough for the sanitizers' slowdown: GQA at
 each head dim (both draft modes, strided caches, padding rows, empty requests, a long-enough prefix to split),
-MLA with v a view of k, the two mask helpers and record_divergence. Each result is checked against the float64
-reference, so the run also fails on wrong numbers. Run:
+MLA with v a view of k, the two mask helpers and record_divergence, and DDTree rounds (tree builds with exact score
+ties at budgets 255 to 1800 — the tie path racecheck once flagged —, greedy acceptance, a commit of the accepted rows).
+Each result is checked against its reference, so the run also fails on wrong numbers. Run:
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python examples/sanitize_case.py
 """
@@ -14,7 +15,8 @@ import sys
 
 import torch
 
-from kdtree_ops import ops
+from kdtree_ops import ddtree, ops
+from kdtree_ops.ddtree.reference import accept_greedy_reference, build_tree_heap, commit_kv_reference
 from kdtree_ops.testing.cases import make_verify_case
 from kdtree_ops.testing.reference import tree_mask_from_parents_reference, tree_verify_attention_reference
 
@@ -73,8 +75,44 @@ def main() -> int:
         chain_mask.cpu(), tree_mask_from_parents_reference(chain, chain_qo, 32))
     failures += not helpers_ok
     print(f"{'ok  ' if helpers_ok else 'FAIL'} mask helpers (dense FULL_MASK, 1024-token chain)", flush=True)
+    failures += not ddtree_rounds()
     print("sanitize_case: " + ("all ok" if failures == 0 else f"{failures} FAILED"))
     return 1 if failures else 0
+
+
+def ddtree_rounds() -> bool:
+    """Builds with exact ties (log-probs in steps of 0.5) at budgets 255..1800, the greedy walk over them, and a
+    commit of the accepted rows, each against its CPU reference."""
+    ok = True
+    gen = torch.Generator().manual_seed(7)
+    for budget, (batch, positions, top_k) in ((255, (3, 8, 8)), (1023, (2, 16, 16)), (1800, (1, 12, 32))):
+        logits = torch.randn(batch, positions, 2 * top_k, generator=gen) * 2
+        logprobs = (torch.log_softmax(logits, -1).topk(top_k, -1).values * 2).round() / 2  # many exact ties
+        logprobs = logprobs.sort(-1, descending=True).values.contiguous()
+        tokens = torch.randint(0, 6, (batch, positions, top_k), generator=gen)
+        roots = torch.randint(0, 6, (batch,), generator=gen)
+        tree = ddtree.build_tree(logprobs.cuda(), tokens.cuda(), roots.cuda(), budget)
+        want = build_tree_heap(logprobs, tokens, roots, budget)
+        built = all(torch.equal(g.cpu(), w.cpu()) for g, w in zip(tree, want))
+        tree_tokens, parents = tree[0], tree[1]
+        targets = torch.randint(0, 6, tree_tokens.shape, generator=gen)
+        accepted = ddtree.accept_greedy(tree_tokens, parents, targets.cuda(), positions)
+        accepted_ok = all(torch.equal(g.cpu(), w.cpu()) for g, w in zip(
+            accepted, accept_greedy_reference(tree_tokens.cpu(), parents.cpu(), targets, positions)))
+        nodes = budget + 1
+        cache = torch.randn(batch * (nodes + positions + 1), 2, 64, generator=gen).bfloat16()
+        node_slots = torch.randperm(batch * nodes, generator=gen).view(batch, nodes)
+        dest = batch * nodes + torch.arange(batch * (positions + 1)).view(batch, positions + 1)
+        want_cache = cache.clone()
+        commit_kv_reference(want_cache, None, accepted[0].cpu(), node_slots, dest)
+        got_cache = cache.cuda()
+        ddtree.commit_kv(got_cache, None, accepted[0], node_slots.cuda(), dest.cuda())
+        committed = torch.equal(got_cache.cpu(), want_cache)
+        good = built and accepted_ok and committed
+        ok &= good
+        print(f"{'ok  ' if good else 'FAIL'} DDTree round, budget {budget}: build {built}, accept {accepted_ok}, "
+              f"commit {committed}", flush=True)
+    return ok
 
 
 if __name__ == "__main__":

@@ -71,6 +71,9 @@ def cuda_home() -> Path | None:
     return Path(nvcc).resolve().parent.parent
 
 
+MIN_CAPABILITY = 80  # the kernels' instructions (cp.async, mma.sync bf16, __reduce_max_sync) start at sm_80
+
+
 def _target(arch: str) -> str:
     """A build target from "90", "9.0", "9.0a" or "12.0+PTX": digits (and suffix); sm_90 builds as 90a."""
     arch = arch.strip().lower().removeprefix("sm_").removesuffix("+ptx").replace(".", "")
@@ -79,28 +82,49 @@ def _target(arch: str) -> str:
     return "90a" if arch == "90" else arch  # Hopper's kernels need the wgmma target
 
 
+def _digits(target: str) -> int:
+    return int(target.rstrip("af"))
+
+
 def parse_archs(text: str) -> list[str]:
-    """Targets from "80;90a;120", "8.0 9.0 12.0+PTX" or "80,90a" (sorted, without repeats)."""
-    return sorted({_target(a) for a in re.split(r"[;, ]+", text) if a.strip()})
+    """Targets from "80;90a;120", "8.0 9.0 12.0+PTX" or "80,90a" (sorted, without repeats); a target before
+    sm_80 is an error naming it (the kernels' instructions do not exist there)."""
+    targets = sorted({_target(a) for a in re.split(r"[;, ]+", text) if a.strip()})
+    old = [t for t in targets if _digits(t) < MIN_CAPABILITY]
+    if old:
+        raise ValueError(f"kdtree_ops: CUDA target(s) {', '.join('sm_' + t for t in old)} are not supported: the "
+                         f"kernels need sm_{MIN_CAPABILITY} or later")
+    return targets
 
 
 def requested_archs() -> list[str] | None:
-    """Targets named by KDTREE_OPS_CUDA_ARCHS, else TORCH_CUDA_ARCH_LIST; None when neither is set.
+    """Targets named by KDTREE_OPS_CUDA_ARCHS, else TORCH_CUDA_ARCH_LIST; None when neither names any.
 
-    PyTorch's list is shared with other extensions: its named entries ("Ampere") and targets before sm_80, which
-    the kernels' instructions do not exist on, are skipped rather than refused.
+    PyTorch's list is shared with other extensions: its named entries ("Ampere") and targets before sm_80 are
+    skipped rather than refused, and a list with nothing left counts as not set (the visible GPUs decide), with
+    a line saying so: an empty request would otherwise make a CPU-only build look like it serves every GPU.
     """
     if os.environ.get("KDTREE_OPS_CUDA_ARCHS", "").strip():
         return parse_archs(os.environ["KDTREE_OPS_CUDA_ARCHS"])
-    if os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip():
+    listed = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if listed:
         targets = []
-        for entry in re.split(r"[;, ]+", os.environ["TORCH_CUDA_ARCH_LIST"]):
+        for entry in re.split(r"[;, ]+", listed):
             try:
                 targets.append(_target(entry))
             except ValueError:
                 continue
-        return sorted({t for t in targets if int(t.rstrip("af")) >= 80})
+        usable = sorted({t for t in targets if _digits(t) >= MIN_CAPABILITY})
+        if usable:
+            return usable
+        _note_once(f"kdtree_ops: TORCH_CUDA_ARCH_LIST={listed!r} names no target the kernels support (sm_"
+                   f"{MIN_CAPABILITY} or later); building for the visible GPUs instead")
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def _note_once(line: str) -> None:
+    print(line, file=sys.stderr)
 
 
 def visible_capabilities(initialize_cuda: bool = True) -> list[str] | None:
@@ -134,18 +158,33 @@ def visible_capabilities(initialize_cuda: bool = True) -> list[str] | None:
 
 
 def covers(targets: list[str], capability: str) -> bool:
-    """Whether a build for `targets` runs on a GPU of `capability` ("86"): an exact "a"/"f" target, or a plain
-    target of the same major and a minor at most the GPU's (sm_80 code runs on sm_86 and sm_89). sm_90 needs
-    90a: the build's Hopper kernels are the wgmma ones."""
+    """Whether a build for `targets` runs on a GPU of `capability` ("86"): an exact "a" target; an "f" (family)
+    target of the same major and a minor at most the GPU's (sm_120f code runs on sm_121); or a plain target of the
+    same major and a minor at most the GPU's (sm_80 code runs on sm_86 and sm_89). sm_90 needs 90a: the build's
+    Hopper kernels are the wgmma ones."""
     major, minor = int(capability[:-1]), int(capability[-1])
     for t in targets:
         digits = t.rstrip("af")
-        if t[-1] in "af":
+        same_family = int(digits[:-1]) == major and int(digits[-1]) <= minor
+        if t.endswith("a"):
             if digits == capability:
                 return True
-        elif (major, minor) != (9, 0) and int(digits[:-1]) == major and int(digits[-1]) <= minor:
+        elif t.endswith("f"):
+            if same_family:
+                return True
+        elif (major, minor) != (9, 0) and same_family:
             return True
     return False
+
+
+def supported_capabilities(capabilities: list[str]) -> list[str]:
+    """The GPUs the kernels can serve (sm_80 or later); a line names those left out (they get no CUDA kernels:
+    the op answers no for them and runs on the CPU only)."""
+    old = sorted(c for c in capabilities if int(c) < MIN_CAPABILITY)
+    if old:
+        _note_once(f"kdtree_ops: GPU(s) sm_{', sm_'.join(old)} are below sm_{MIN_CAPABILITY}, which the kernels need: "
+                   "no CUDA kernels for them")
+    return [c for c in capabilities if int(c) >= MIN_CAPABILITY]
 
 
 def cpu_only_requested() -> bool:
@@ -165,7 +204,7 @@ def cuda_archs(capabilities: list[str] | None = None) -> list[str]:
     if requested is not None:
         return requested
     caps = visible_capabilities() if capabilities is None else capabilities
-    return sorted({_target(c) for c in caps or []})
+    return sorted({_target(c) for c in supported_capabilities(caps or [])})
 
 
 def _sources(root: Path, cuda: bool) -> list[Path]:
@@ -273,7 +312,7 @@ def _serves(targets: list[str], wanted: list[str] | None, capabilities: list[str
         return not targets
     if wanted is not None:
         return set(wanted) <= set(targets)
-    return all(covers(targets, c) for c in capabilities)
+    return all(covers(targets, c) for c in supported_capabilities(capabilities))
 
 
 def _register(library: Path) -> Path:
@@ -312,8 +351,12 @@ def load(archs: list[str] | None = None, verbose: bool | None = None) -> Path:
         if archs is None or set(parse_archs(";".join(archs))) <= set(built_archs()):
             return _loaded_library
         # An image build for other targets than the library this process loaded (import time took a cached one):
-        # build it into the cache; the ops stay those already registered.
-        return _build(parse_archs(";".join(archs)), verbose)
+        # compile it into the cache for the processes to come; this one keeps the ops it registered (a library
+        # registers its schemas once per process: loading a second would abort it).
+        library = _build(parse_archs(";".join(archs)), verbose)
+        print(f"kdtree_ops: built {library}; this process keeps the library it had loaded ({_loaded_library}), "
+              "new processes take the new build", file=sys.stderr)
+        return library
     capabilities = visible_capabilities()
     wanted = parse_archs(";".join(archs)) if archs is not None else (requested_archs() if with_cuda() else None)
     if archs is None:
@@ -410,25 +453,41 @@ def check_linkage(library: Path) -> None:
 
 def _compile(name: str, sources: list[Path], flags: tuple[list[str], list[str], list[str]], build_dir: Path,
              archs: list[str], verbose: bool) -> None:
-    if archs:
-        os.environ["CUDA_HOME"] = str(cuda_home())
-    from torch.utils import cpp_extension
+    """Compiles the library in a child process, never in this one.
 
-    if archs:
-        cpp_extension.CUDA_HOME = str(cuda_home())  # in case torch had made its own guess at an earlier import
+    torch's cpp_extension.load always loads what it builds (is_python_module=False: torch.ops.load_library), and
+    a process may register the kdtree schemas once: a second library aborts it, and the first would load before
+    the runtime sharing and the linkage check. The child loads this file alone (not the package, which would load
+    a cached build at import), builds, and exits; this process then checks the library and loads it through
+    _register."""
     target = "CPU" + (" + CUDA " + ", ".join(f"sm_{a}" for a in archs) if archs else " only (no CUDA targets)")
     print(f"kdtree_ops: compiling {len(sources)} sources for {target} into {build_dir} "
           "(first use only; about a minute per target on a few cores) ...", file=sys.stderr, flush=True)
     start = time.monotonic()
-    cpp_extension.load(
-        name=name,
-        sources=[str(s) for s in sources],
-        extra_cflags=flags[0],
-        extra_cuda_cflags=flags[1],
-        extra_ldflags=flags[2],
-        build_directory=str(build_dir),
-        with_cuda=bool(archs),
-        is_python_module=False,
-        verbose=verbose,
-    )
+    env = dict(os.environ)
+    if archs:
+        env["CUDA_HOME"] = str(cuda_home())
+    job = json.dumps({"name": name, "sources": [str(s) for s in sources], "flags": list(flags),
+                      "build_dir": str(build_dir), "cuda": bool(archs), "verbose": verbose})
+    child = ("import importlib.util, json, sys\n"
+             f"spec = importlib.util.spec_from_file_location('kdtree_ops_build_child', {str(Path(__file__))!r})\n"
+             "module = importlib.util.module_from_spec(spec)\n"
+             "spec.loader.exec_module(module)\n"
+             "module._compile_here(json.loads(sys.argv[1]))\n")
+    done = subprocess.run([sys.executable, "-c", child, job], env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"kdtree_ops: compiling {name} failed (exit {done.returncode}); the compiler's output is "
+                           "above (KDTREE_OPS_VERBOSE=1 shows the commands)")
     print(f"kdtree_ops: built in {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+
+
+def _compile_here(job: dict) -> None:
+    """The child's side of _compile: one cpp_extension build (which loads the result into the child, harmlessly)."""
+    from torch.utils import cpp_extension
+
+    if job["cuda"]:
+        cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"]  # torch may have guessed another at import
+    cflags, cuda_flags, ldflags = job["flags"]
+    cpp_extension.load(name=job["name"], sources=job["sources"], extra_cflags=cflags, extra_cuda_cflags=cuda_flags,
+                       extra_ldflags=ldflags, build_directory=job["build_dir"], with_cuda=job["cuda"],
+                       is_python_module=False, verbose=job["verbose"])

@@ -37,10 +37,12 @@
 #include <algorithm>
 #include <climits>
 #include <tuple>
+#include <type_traits>
 
 #include "ddtree_args.h"
 #include "ddtree_order.h"
 #include "gpu_verified.h"
+#include "smem_optin.cuh"
 #include "value_checks.cuh"
 
 namespace kdtree {
@@ -58,18 +60,6 @@ constexpr DdtreeFamily kCommitKv{"ddtree_commit_kv", false};         // range gu
 
 constexpr int kThreads = 256;  // 8 warps per CTA in all three kernels
 constexpr unsigned kFullWarp = 0xffffffffu;
-
-// Allows `bytes` of dynamic shared memory for `kernel` (a host-side attribute, no stream work), or fails naming
-// the op and what needs it.
-template <class Kernel>
-void allow_dynamic_smem(Kernel kernel, size_t bytes, const char* op, const char* what) {
-  const cudaDeviceProp* prop = at::cuda::getCurrentDeviceProperties();
-  TORCH_CHECK(bytes <= prop->sharedMemPerBlockOptin, op, ": ", what, " needs ", bytes,
-              " bytes of shared memory; this GPU allows ", prop->sharedMemPerBlockOptin, " per block");
-  if (bytes > 48 * 1024) {
-    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  }
-}
 
 // ---------------------------------------------------------------------------------------------------------------
 // ddtree_build_tree
@@ -130,6 +120,7 @@ __device__ void build_frontier(const SmemTree& t, int positions, int top_k, int 
   for (int n = 1; n < nodes; ++n) {
     const uint32_t top = __reduce_max_sync(kFullWarp, best_key);
     if (top == kDdtreeNoEntry) {  // unreachable for budget <= the number of paths (checked): pad, stay in bounds
+      __syncwarp();  // the last rescan's reads before these writes
       if (lane == 0) {
         t.parent[n] = -1;
         t.depth[n] = 0;
@@ -140,18 +131,16 @@ __device__ void build_frontier(const SmemTree& t, int positions, int top_k, int 
       continue;
     }
     const unsigned holders = __ballot_sync(kFullWarp, best_key == top);
-    int winner_lane = __ffs(holders) - 1;
-    int p = __shfl_sync(kFullWarp, best, winner_lane);
+    int p = __shfl_sync(kFullWarp, best, __ffs(holders) - 1);
     if (__popc(holders) > 1) {  // exact score tie between lanes: shallower, then lexicographic (uniform loop)
       for (unsigned rest = holders & (holders - 1); rest != 0; rest &= rest - 1) {
-        const int other_lane = __ffs(rest) - 1;
-        const int other = __shfl_sync(kFullWarp, best, other_lane);
-        if (t.before(other, p)) {
-          p = other;
-          winner_lane = other_lane;
-        }
+        const int other = __shfl_sync(kFullWarp, best, __ffs(rest) - 1);
+        if (t.before(other, p)) p = other;
       }
     }
+    // Every lane's reads of the tree (the tie rules above, the last pop's rescan) before lane 0 writes it: ballot,
+    // shuffle and the max-reduction converge the warp but do not order shared memory (racecheck found both).
+    __syncwarp();
     // The new node n = p's pending child; p moves on to its next rank, n opens its first child.
     if (lane == 0) {
       const int r = t.next_child[p];
@@ -257,7 +246,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ddtree_build_tree_cud
               dims.top_k);
   TORCH_CHECK(dims.batch <= INT_MAX, op, ": B must be < 2^31, got ", dims.batch);
   const size_t smem = SmemTree::bytes(dims.positions * dims.top_k, dims.nodes);
-  allow_dynamic_smem(build_tree_kernel, smem, op, "the tree of K * k log-probs and budget + 1 nodes");
+  cuda::allow_dynamic_smem<build_tree_kernel>(logprobs.get_device(), smem, op,
+                                              "the tree of K * k log-probs and budget + 1 nodes");
   build_tree_kernel<<<static_cast<unsigned>(dims.batch), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
       logprobs.data_ptr<float>(), tokens.data_ptr<int64_t>(), root_tokens.data_ptr<int64_t>(),
       tree_tokens.data_ptr<int64_t>(), parents.data_ptr<int32_t>(), depths.data_ptr<int32_t>(),
@@ -330,7 +320,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ddtree_accept_greedy_cuda(
   if (batch == 0) return {accepted, accept_len, next_tokens};
   TORCH_CHECK(batch <= INT_MAX, op, ": B must be < 2^31, got ", batch);
   const size_t smem = sizeof(int32_t) * nodes;
-  allow_dynamic_smem(accept_greedy_kernel, smem, op, "a tree of T nodes");
+  cuda::allow_dynamic_smem<accept_greedy_kernel>(tree_tokens.get_device(), smem, op, "a tree of T nodes");
   accept_greedy_kernel<<<static_cast<unsigned>(batch), kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
       tree_tokens.data_ptr<int64_t>(), parents.data_ptr<int32_t>(), target_tokens.data_ptr<int64_t>(),
       accepted.data_ptr<int32_t>(), accept_len.data_ptr<int32_t>(), next_tokens.data_ptr<int64_t>(),
@@ -365,7 +355,7 @@ __global__ void __launch_bounds__(kThreads) commit_kv_kernel(
     const int32_t* __restrict__ accepted,    // [B, entries]
     const int64_t* __restrict__ node_slots,  // [B, nodes]
     const int64_t* __restrict__ dest_slots,  // [B, entries]
-    int entries, int nodes, int tile_units) {
+    int entries, int nodes, int64_t slots, int tile_units) {
   using Unit = CopyUnit<kUnit>;
   extern __shared__ __align__(16) char smem[];
   int64_t* src_slot = reinterpret_cast<int64_t*>(smem);  // -1: entry skipped
@@ -373,10 +363,15 @@ __global__ void __launch_bounds__(kThreads) commit_kv_kernel(
   Unit* staged = reinterpret_cast<Unit*>(dst_slot + entries);
   const int64_t b = blockIdx.x;
   const CommitPlane plane = blockIdx.z == 0 ? k_plane : v_plane;  // by value: per-field selects, no stack copy
+  // An entry out of range (a node past T, a slot past S: inputs the debug checks reject) is skipped rather than
+  // read or written out of bounds.
   for (int d = threadIdx.x; d < entries; d += kThreads) {
     const int node = accepted[b * entries + d];
-    src_slot[d] = node >= 0 ? node_slots[b * nodes + node] : -1;
-    dst_slot[d] = dest_slots[b * entries + d];
+    const int64_t from = node >= 0 && node < nodes ? node_slots[b * nodes + node] : -1;
+    const int64_t to = dest_slots[b * entries + d];
+    const bool valid = from >= 0 && from < slots && to >= 0 && to < slots;
+    src_slot[d] = valid ? from : -1;
+    dst_slot[d] = to;
   }
   __syncthreads();
   auto at = [&](int64_t slot, int64_t unit) {
@@ -443,19 +438,21 @@ void ddtree_commit_kv_cuda(const at::Tensor& k_cache,                // [S, Hkv,
   const dim3 grid(static_cast<unsigned>(dims.batch), static_cast<unsigned>(std::clamp<int64_t>(tiles, 1, 65535)),
                   with_v ? 2 : 1);
   const size_t smem = 2 * sizeof(int64_t) * dims.entries + static_cast<size_t>(dims.entries) * tile_units * unit;
-  auto launch = [&](auto kernel) {
-    allow_dynamic_smem(kernel, smem, op, "staging D+1 accepted rows");
+  auto launch = [&](auto unit_bytes) {
+    constexpr auto kernel = commit_kv_kernel<decltype(unit_bytes)::value>;
+    cuda::allow_dynamic_smem<kernel>(k_cache.get_device(), smem, op, "staging D+1 accepted rows");
     kernel<<<grid, kThreads, smem, at::cuda::getCurrentCUDAStream()>>>(
         k_plane, v_plane, accepted.data_ptr<int32_t>(), node_slots.data_ptr<int64_t>(),
-        dest_slots.data_ptr<int64_t>(), static_cast<int>(dims.entries), static_cast<int>(dims.nodes), tile_units);
+        dest_slots.data_ptr<int64_t>(), static_cast<int>(dims.entries), static_cast<int>(dims.nodes), dims.slots,
+        tile_units);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
   switch (unit) {
-    case 16: launch(commit_kv_kernel<16>); break;
-    case 8: launch(commit_kv_kernel<8>); break;
-    case 4: launch(commit_kv_kernel<4>); break;
-    case 2: launch(commit_kv_kernel<2>); break;
-    default: launch(commit_kv_kernel<1>); break;
+    case 16: launch(std::integral_constant<int, 16>{}); break;
+    case 8: launch(std::integral_constant<int, 8>{}); break;
+    case 4: launch(std::integral_constant<int, 4>{}); break;
+    case 2: launch(std::integral_constant<int, 2>{}); break;
+    default: launch(std::integral_constant<int, 1>{}); break;
   }
 }
 

@@ -82,7 +82,7 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   p.kv_indices_int64 = kv_indices.scalar_type() == at::kLong;
   p.tree_mask = reinterpret_cast<const uint32_t*>(tree_mask.data_ptr<int32_t>());
   p.mask_row_stride = tree_mask.stride(0);
-  p.mask_words = static_cast<int>(std::min<int64_t>(d.mask_words, 32));  // 1024 tokens at most
+  p.mask_words = static_cast<int>(d.mask_words);  // <= 32 (check_tree_verify_args)
   p.num_tokens = static_cast<int>(d.num_tokens);
   p.num_q_heads = static_cast<int>(d.num_q_heads);
   p.num_kv_heads = static_cast<int>(d.num_kv_heads);

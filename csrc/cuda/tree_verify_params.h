@@ -26,7 +26,7 @@ struct TreeVerifyParams {
   bool kv_indices_int64;
   const uint32_t* tree_mask;  // [N, W] rows of packed bits
   int64_t mask_row_stride;
-  int mask_words;             // W, clamped to 32 (1024 tokens)
+  int mask_words;             // W <= 32 (trees of up to 1024 tokens)
 
   int num_tokens;    // N
   int num_q_heads;   // Hq

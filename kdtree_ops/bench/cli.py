@@ -67,7 +67,7 @@ def _run_workload(w, impls, ceilings, args) -> dict:
 
     t0 = time.monotonic()
     case = w.case(device="cuda", seed=args.seed)
-    floor = floor_us(case, ceilings["copy_bytes_per_s"], ceilings["matmul_flops_per_s"])
+    floor = floor_us(case, ceilings["read_bytes_per_s"], ceilings["matmul_flops_per_s"])
     ref = tree_verify_attention_reference(*case.args())
     sets = [case] + [_clone_inputs(case) for _ in range(rotation_sets(floor["bytes"]) - 1)]
     record = {"name": w.name, "shape": w.shape, "workload": dataclasses.asdict(w), "floor": floor,
@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     env = environment()
     print(f"[bench] {env.get('device')} torch {env['torch']} commit {env['commit'][:12]}", flush=True)
     ceilings = measure_ceilings()
-    print(f"[bench] ceilings: copy {ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s, bf16 matmul "
+    print(f"[bench] ceilings: read {ceilings['read_bytes_per_s'] / 1e12:.2f} TB/s, copy "
+          f"{ceilings['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), bf16 matmul "
           f"{ceilings['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s", flush=True)
 
     records = [_run_workload(w, impls, ceilings, args) for w in workloads]

@@ -81,7 +81,8 @@ def markdown_table(results: dict) -> str:
     lines += [
         "",
         f"{env.get('device', '?')}, torch {env['torch']}, commit {env['commit'][:12]}, {env['date']}. "
-        f"Ceilings measured in this run: copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), "
+        f"Ceilings measured in this run: read {ceil['read_bytes_per_s'] / 1e12:.2f} TB/s (what the floor divides bytes "
+        f"by), copy {ceil['copy_bytes_per_s'] / 1e12:.2f} TB/s (read + write), "
         f"bf16 matmul {ceil['matmul_flops_per_s'] / 1e12:.0f} TFLOP/s. Times: median µs of CUDA-graph replays; "
         "✗ = failed the correctness check against the float64 reference.",
     ]

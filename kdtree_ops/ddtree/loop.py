@@ -30,6 +30,8 @@ from . import ops as ddtree
 from ..testing.toy_model import PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
 
 LAYOUTS = ("paged", "contiguous")
+# The verify op takes trees of up to 1024 tokens: the root and at most 1023 draft nodes.
+MAX_VERIFY_BUDGET = 1023
 
 
 @dataclass
@@ -84,7 +86,11 @@ class DDTreeRound:
     def __init__(self, model: ToyDecoder, drafter, budget: int, layout: str = "paged"):
         """model: the target; drafter: drafter(hidden [B, H], seq_lens [B]) -> (logprobs, tokens) [B, K, k]
         with a `block_size` K (toy_drafter.BlockDrafter); budget: draft nodes per tree; layout: LAYOUTS."""
-        assert layout in LAYOUTS, f"layout must be one of {LAYOUTS}, got {layout!r}"
+        if layout not in LAYOUTS:
+            raise ValueError(f"DDTreeRound: layout must be one of {LAYOUTS}, got {layout!r}")
+        if not 0 <= budget <= MAX_VERIFY_BUDGET:
+            raise ValueError(f"DDTreeRound: budget must be in [0, {MAX_VERIFY_BUDGET}] (the root and budget nodes "
+                             f"verify as one tree of at most 1024 tokens), got {budget}")
         self.model, self.drafter, self.budget, self.layout = model, drafter, budget, layout
         self.nodes = budget + 1
         self.block_size = drafter.block_size
