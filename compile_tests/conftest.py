@@ -28,7 +28,8 @@ settings.register_profile("thorough", parent=settings.get_profile("kdtree"), max
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kdtree"))
 
 
-GPU_SUITES = ["test_cuda_numerics.py", "test_cuda_graphs.py", "test_cuda_errors.py", "test_sglang_backend_gpu.py"]
+GPU_SUITES = ["test_cuda_numerics.py", "test_cuda_graphs.py", "test_cuda_errors.py", "test_cuda_fp8.py",
+              "test_cuda_ddtree.py", "test_sglang_backend_gpu.py"]
 collect_ignore = [] if torch.cuda.is_available() else GPU_SUITES
 
 

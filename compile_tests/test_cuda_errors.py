@@ -133,14 +133,16 @@ class Case:
     call: object  # () -> None, run in the child
     pattern: str | None
     debug: bool = False  # KDTREE_OPS_DEBUG=1 in the child's environment
+    gated: bool = False  # KDTREE_OPS_UNVERIFIED unset in the child (the GPU suite sets it): the gate applies
 
 
-def child_main(name: str, debug: bool, report) -> None:
+def child_main(name: str, debug: bool, gated: bool, report) -> None:
     """The child's body (a fork of the case server): run one case, send one result through `report`."""
-    if debug:
-        os.environ["KDTREE_OPS_DEBUG"] = "1"  # read by the library at each call
-    else:
-        os.environ.pop("KDTREE_OPS_DEBUG", None)
+    for variable, wanted in (("KDTREE_OPS_DEBUG", debug), ("KDTREE_OPS_UNVERIFIED", not gated)):
+        if wanted:  # both are read by the library at each call
+            os.environ[variable] = "1"
+        else:
+            os.environ.pop(variable, None)
     assert not torch.cuda.is_initialized(), "the case server initialized CUDA before forking"
     import kdtree_ops.ops  # noqa: F401  (loaded in the server already where a build was cached)
 
@@ -361,7 +363,55 @@ def support_configs():
 
 
 SUPPORT_CONFIGS = dict(support_configs())
-CASES = attention_cases() + helper_cases() + [
+
+
+# --- the gate: a family not yet verified for the device's class raises unless KDTREE_OPS_UNVERIFIED=1 ----------
+
+GATE_ATTENTION = {  # (family, cache) of the verified-families table -> (dtype, kv dtype, head dims, KV heads)
+    ("tree_verify_attention hd64", "same"): (torch.bfloat16, None, (64, 64), 2),
+    ("tree_verify_attention hd128", "same"): (torch.float16, None, (128, 128), 2),
+    ("tree_verify_attention hd256", "same"): (torch.bfloat16, None, (256, 256), 1),
+    ("tree_verify_attention mla", "same"): (torch.bfloat16, None, (576, 512), 1),
+    ("tree_verify_attention hd64", "fp8"): (torch.bfloat16, torch.float8_e4m3fn, (64, 64), 2),
+    ("tree_verify_attention hd128", "fp8"): (torch.float16, torch.float8_e5m2, (128, 128), 2),
+    ("tree_verify_attention hd256", "fp8"): (torch.bfloat16, torch.float8_e4m3fn, (256, 256), 1),
+    ("tree_verify_attention mla", "fp8"): (torch.bfloat16, torch.float8_e4m3fn, (576, 512), 1),
+}
+
+
+def ddtree_gate_call(op: str):
+    def run():
+        from kdtree_ops.ddtree import ops as ddtree
+
+        g = torch.Generator().manual_seed(3)
+        logprobs = torch.log_softmax(torch.randn(2, 4, 6, generator=g), -1).sort(-1, descending=True).values
+        tokens, roots = torch.randint(0, 9, (2, 4, 6), generator=g), torch.randint(0, 9, (2,), generator=g)
+        if op == "ddtree_build_tree":
+            ddtree.build_tree(logprobs.cuda(), tokens.cuda(), roots.cuda(), 20)
+        elif op == "ddtree_accept_greedy":
+            parents = torch.tensor([[-1, 0, 0, 1]] * 2, dtype=torch.int32, device="cuda")
+            ddtree.accept_greedy(torch.zeros(2, 4, dtype=torch.int64, device="cuda"), parents,
+                                 torch.zeros(2, 4, dtype=torch.int64, device="cuda"), 3)
+        else:
+            cache = torch.randn(12, 2, 64, device="cuda").bfloat16()
+            ddtree.commit_kv(cache, None, torch.tensor([[0, 2, -1]], dtype=torch.int32, device="cuda"),
+                             torch.tensor([[0, 1, 2, 3]], device="cuda"), torch.tensor([[8, 9, 10]], device="cuda"))
+        torch.cuda.synchronize()
+    return run
+
+
+def gate_cases() -> list[Case]:
+    cases = [Case(f"gate-{family.split()[-1]}-{cache}", support_call(*config), pattern=None, gated=True)
+             for (family, cache), config in GATE_ATTENTION.items()]
+    for op in ("ddtree_build_tree", "ddtree_accept_greedy", "ddtree_commit_kv"):
+        cases.append(Case(f"gate-{op}", ddtree_gate_call(op), pattern=None, gated=True))
+    return cases
+
+
+GATE_FAMILIES = {case.name: key for case, key in zip(gate_cases(), [*GATE_ATTENTION, *(
+    (op, "") for op in ("ddtree_build_tree", "ddtree_accept_greedy", "ddtree_commit_kv"))])}
+
+CASES = attention_cases() + helper_cases() + gate_cases() + [
     Case(name, support_call(*config), pattern=None) for name, config in SUPPORT_CONFIGS.items()]
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
@@ -388,18 +438,18 @@ def case_server():
     return context
 
 
-def _run_in_child(name: str, debug: bool, report, stderr_path: str) -> None:
+def _run_in_child(name: str, debug: bool, gated: bool, report, stderr_path: str) -> None:
     with open(stderr_path, "w") as err:  # the child's output, for the failure message
         os.dup2(err.fileno(), 1)
         os.dup2(err.fileno(), 2)
-    child_main(name, debug, report)
+    child_main(name, debug, gated, report)
 
 
 def run_child(case: Case) -> ChildResult:
     context = case_server()
     receive, send = context.Pipe(duplex=False)
     with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
-        process = context.Process(target=_run_in_child, args=(case.name, case.debug, send, log.name))
+        process = context.Process(target=_run_in_child, args=(case.name, case.debug, case.gated, send, log.name))
         process.start()
         send.close()
         try:
@@ -442,7 +492,8 @@ def check_child(result: ChildResult, case: Case) -> dict:
     return report
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if not c.name.startswith("support-")], ids=lambda c: c.name)
+@pytest.mark.parametrize("case", [c for c in CASES if not c.name.startswith(("support-", "gate-"))],
+                         ids=lambda c: c.name)
 def test_bad_input_raises_or_is_skipped(child_results, case):
     report = check_child(child_results[case.name].result(), case)
     if case.pattern is None:
@@ -464,3 +515,22 @@ def test_has_kernel_for_matches_the_op(ops, child_results, case):
         assert not report["raised"], f"advertised, but the call raised: {report['message']}"
     else:
         assert report["raised"], f"not advertised ({reason}), but the call ran"
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name.startswith("gate-")], ids=lambda c: c.name)
+def test_unverified_families_raise_until_verified(ops, child_results, case):
+    """Without KDTREE_OPS_UNVERIFIED a family the table does not mark verified for the device's class raises
+    "not yet verified on a GPU" (has_kernel_for says so too); a verified one runs (and matches the reference)."""
+    family, cache = GATE_FAMILIES[case.name]
+    launch_class = ops.cuda_launch_class("cuda")
+    entry = [f for f in ops.verified_families() if f["family"] == family and f["cache"] == cache]
+    assert len(entry) == 1, f"{family} ({cache or 'any cache'}) is missing from the verified-families table"
+    verified = entry[0]["verified"][launch_class]
+    report = check_child(child_results[case.name].result(), case)
+    if verified:
+        assert not report["raised"], f"{family} is verified for {launch_class}, but raised: {report['message']}"
+    else:
+        assert report["raised"] and "not yet verified on a GPU" in report["message"], (
+            f"{family} ({cache}) is not verified for the {launch_class} class, but the call "
+            + ("raised something else: " + report["message"] if report["raised"] else "ran"))
+        assert launch_class in report["message"]

@@ -288,6 +288,7 @@ def test_reduce_overhead_no_cudagraph_skips(ops, draft_mode):
                                 head_dim_qk=128, head_dim_v=128, dtype=torch.bfloat16, draft_mode=draft_mode,
                                 pad_rows=7, device="cuda", generator=torch.Generator().manual_seed(seed))
         got = fn(*case.args()).clone()
-        torch.testing.assert_close(got, verify(*case.args()), rtol=2e-2, atol=2e-2)
+        # The same kernel on the same inputs (its split and merge order are fixed), and an exact doubling: equal bits.
+        assert torch.equal(got, verify(*case.args())), f"replay {seed} differs from eager"
     assert counters["inductor"]["cudagraph_skips"] == 0, dict(counters["inductor"])
     assert not counters["graph_break"]

@@ -83,7 +83,8 @@ SHAPE_CASES = [
      r"tree_mask needs at least one int32 word per row"),
     # 33 words would be trees past 1024 tokens (a DDTree budget of 1024 or more): no kernel takes them, so the
     # width is a shape error on every device (the CUDA kernel once clamped it to 32 words and computed wrong rows).
-    ("tree_mask_33_words", {"tree_mask": lambda a: torch.cat([a["tree_mask"], a["tree_mask"][:, :1].repeat(1, 32)], 1)},
+    ("tree_mask_33_words", {"tree_mask": lambda a: torch.cat([a["tree_mask"], torch.zeros_like(a["tree_mask"][:, :1])
+                                                              .repeat(1, 33 - a["tree_mask"].shape[1])], 1)},
      r"tree_mask must have at most 32 int32 words per row \(trees of up to 1024 tokens\), got \[45, 33\]"),
     ("k_draft_without_v_draft", {"k_draft": lambda a: randn_as(a, 45, 2, a["k_cache"].shape[2])},
      r"pass k_draft and v_draft together"),

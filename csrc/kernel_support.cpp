@@ -1,5 +1,7 @@
 #include "kernel_support.h"
 
+#include "tree_verify_args.h"
+
 #include <atomic>
 #include <cstring>
 
@@ -7,6 +9,7 @@ namespace kdtree {
 namespace {
 
 std::atomic<CudaKernelSupport> cuda_support{nullptr};
+std::atomic<CudaLaunchClassName> cuda_launch_class_name{nullptr};
 
 // Dtypes by their torch names ("bfloat16": str(torch.bfloat16) without "torch."), as the C entry point takes them.
 bool parse_dtype(const char* name, c10::ScalarType* out) {
@@ -23,11 +26,10 @@ bool parse_dtype(const char* name, c10::ScalarType* out) {
 }
 
 std::string cpu_unsupported_reason(const KernelQuery& q) {
-  if (q.q_dtype != c10::kFloat && q.q_dtype != c10::kBFloat16 && q.q_dtype != c10::kHalf)
+  if (!query_dtype_supported(q.q_dtype))
     return std::string("q must be float32, bfloat16 or float16, not ") + c10::toString(q.q_dtype);
   // fp8 caches (stored value x k_scale/v_scale) with any q dtype above: the CPU kernel converts cache rows as read.
-  const bool fp8_cache = q.kv_dtype == c10::ScalarType::Float8_e4m3fn || q.kv_dtype == c10::ScalarType::Float8_e5m2;
-  if (q.kv_dtype != q.q_dtype && !fp8_cache)
+  if (!cache_dtype_supported(q.q_dtype, q.kv_dtype))
     return std::string("no kernel for a ") + c10::toString(q.kv_dtype) + " KV cache with " +
            c10::toString(q.q_dtype) + " queries (the cache must have q's dtype, or be float8_e4m3fn or float8_e5m2)";
   return "";
@@ -36,6 +38,7 @@ std::string cpu_unsupported_reason(const KernelQuery& q) {
 }  // namespace
 
 void register_cuda_kernel_support(CudaKernelSupport support) { cuda_support.store(support); }
+void register_cuda_launch_class_name(CudaLaunchClassName name) { cuda_launch_class_name.store(name); }
 
 std::string kernel_unsupported_reason(const KernelQuery& query) {
   if (query.head_dim_qk <= 0 || query.head_dim_v <= 0 || query.num_kv_heads <= 0)
@@ -81,4 +84,19 @@ extern "C" const char* kdtree_tree_verify_unsupported_reason(const char* device_
     reason = "the kernel-support query failed";
   }
   return reason.c_str();
+}
+
+// C entry point for Python (kdtree_ops.ops.cuda_launch_class): the class name a launch on CUDA device `device` runs
+// as, "" in a build without CUDA kernels, or "error: ..." (e.g. KDTREE_OPS_EMULATE_ARCH naming no class).
+extern "C" const char* kdtree_cuda_launch_class(int device) {
+  thread_local std::string name;
+  try {
+    const kdtree::CudaLaunchClassName query = kdtree::cuda_launch_class_name.load();
+    name = query == nullptr ? "" : query(device);
+  } catch (const std::exception& e) {
+    name = std::string("error: ") + e.what();
+  } catch (...) {
+    name = "error: the launch-class query failed";
+  }
+  return name.c_str();
 }

@@ -28,4 +28,9 @@ std::string kernel_unsupported_reason(const KernelQuery& query);
 using CudaKernelSupport = std::string (*)(const KernelQuery& query);
 void register_cuda_kernel_support(CudaKernelSupport support);
 
+// The architecture class a launch on CUDA device `device` runs as (arch_classes.h: its own, or the emulated one),
+// by name; registered likewise.
+using CudaLaunchClassName = std::string (*)(int device);
+void register_cuda_launch_class_name(CudaLaunchClassName name);
+
 }  // namespace kdtree

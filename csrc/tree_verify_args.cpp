@@ -16,7 +16,7 @@ void check_float_dtype(const at::Tensor& t, const char* name, at::ScalarType exp
 void check_cache_dtypes(const at::Tensor& k_cache, const at::Tensor& v_cache, at::ScalarType q_dtype) {
   const auto cache_dtype = k_cache.scalar_type();
   if (!is_fp8_cache_dtype(cache_dtype)) {
-    TORCH_CHECK(cache_dtype == q_dtype, "tree_verify_attention: k_cache must have the dtype of q (", q_dtype,
+    TORCH_CHECK(cache_dtype_supported(q_dtype, cache_dtype), "tree_verify_attention: k_cache must have the dtype of q (", q_dtype,
                 ") or be an fp8 KV cache (float8_e4m3fn or float8_e5m2), got ", cache_dtype);
     check_float_dtype(v_cache, "v_cache", q_dtype);
     return;
@@ -46,6 +46,10 @@ bool is_fp8_cache_dtype(at::ScalarType dtype) {
   return dtype == at::ScalarType::Float8_e4m3fn || dtype == at::ScalarType::Float8_e5m2;
 }
 
+bool query_dtype_supported(at::ScalarType q) { return q == at::kFloat || q == at::kBFloat16 || q == at::kHalf; }
+
+bool cache_dtype_supported(at::ScalarType q, at::ScalarType cache) { return cache == q || is_fp8_cache_dtype(cache); }
+
 TreeVerifyDims check_tree_verify_args(
     const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& qo_indptr,
     const at::Tensor& kv_indptr, const at::Tensor& kv_indices, const at::Tensor& tree_mask,
@@ -56,8 +60,8 @@ TreeVerifyDims check_tree_verify_args(
   TORCH_CHECK(v_cache.dim() == 3, "tree_verify_attention: v_cache must be 3-D [S, Hkv, Dv], got ",
               v_cache.sizes());
   const auto dtype = q.scalar_type();
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf,
-              "tree_verify_attention: q must be float32, bfloat16 or float16, got ", dtype);
+  TORCH_CHECK(query_dtype_supported(dtype), "tree_verify_attention: q must be float32, bfloat16 or float16, got ",
+              dtype);
 
   TreeVerifyDims d;
   d.num_tokens = q.size(0);

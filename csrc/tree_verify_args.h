@@ -26,6 +26,11 @@ struct TreeVerifyDims {
 // True for the fp8 dtypes a KV cache may have (float8_e4m3fn, float8_e5m2).
 bool is_fp8_cache_dtype(at::ScalarType dtype);
 
+// The op's dtype rule on every device (the CUDA kernels take a subset: cuda/tree_verify_dtypes.h): q is float32,
+// bfloat16 or float16, and the caches have q's dtype or one fp8 dtype.
+bool query_dtype_supported(at::ScalarType q);
+bool cache_dtype_supported(at::ScalarType q, at::ScalarType cache);
+
 // Validates shapes, dtypes, devices and strides; `out` (when given) must be [N, Hq, Dv], contiguous,
 // dtype of q. The caches have q's dtype, or are both float8_e4m3fn or both float8_e5m2 (an fp8 KV cache);
 // k_draft/v_draft always have q's dtype.

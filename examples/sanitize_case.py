@@ -34,6 +34,17 @@ CASES = [
                             head_dim_qk=576, head_dim_v=512, layout="mla", pad_rows=2)),
     ("mla h8, separate, tree 70", dict(tree_sizes=[70], prefix_lens=[1200], num_q_heads=8, num_kv_heads=1,
                                        head_dim_qk=576, head_dim_v=512, layout="mla", draft_mode="separate")),
+    # fp8 caches: rows landing as bytes and widened in place (the gatherers' and the math warps' paths).
+    ("gqa d128 fp8 e4m3, separate, short trees", dict(tree_sizes=[16, 16, 3], prefix_lens=[700, 40, 0],
+                                                      num_q_heads=8, num_kv_heads=2, head_dim_qk=128, head_dim_v=128,
+                                                      draft_mode="separate", kv_dtype=torch.float8_e4m3fn,
+                                                      k_scale=0.05, v_scale=0.3)),
+    ("gqa d256 fp8 e5m2, cache", dict(tree_sizes=[20, 9], prefix_lens=[300, 5], num_q_heads=4, num_kv_heads=2,
+                                      head_dim_qk=256, head_dim_v=256, kv_dtype=torch.float8_e5m2, k_scale=2.5,
+                                      v_scale=0.8)),
+    ("mla h16 fp8 e4m3, cache", dict(tree_sizes=[24, 5], prefix_lens=[600, 0], num_q_heads=16, num_kv_heads=1,
+                                     head_dim_qk=576, head_dim_v=512, layout="mla", kv_dtype=torch.float8_e4m3fn,
+                                     k_scale=0.2, v_scale=0.2)),
 ]
 
 
@@ -44,13 +55,13 @@ def main() -> int:
         kwargs.setdefault("dtype", torch.bfloat16)
         host_case = make_verify_case(generator=torch.Generator().manual_seed(i), **kwargs)
         # The reference on the CPU: under the sanitizers every GPU kernel is slow, so run only ours there.
-        ref = tree_verify_attention_reference(*host_case.args()).cuda()
+        ref = tree_verify_attention_reference(*host_case.scaled_args()).cuda()
         case = host_case.to("cuda")
         # The mask through the helper, as SGLang's backend builds it.
         case.tree_mask = ops.tree_mask_from_parents(case.parents, case.qo_indptr, case.tree_mask.shape[1])
         out = torch.full((case.q.shape[0], case.q.shape[1], case.v_cache.shape[2]), float("nan"),
                          dtype=case.q.dtype, device="cuda")
-        ops.tree_verify_attention_out(*case.args(), out=out)
+        ops.tree_verify_attention_out(*case.scaled_args(), out=out)
         stats = torch.zeros(3, device="cuda")
         ops.record_divergence(out, ref.to(out.dtype), stats)
         torch.cuda.synchronize()

@@ -20,6 +20,8 @@ build.load()  # the schemas; the fakes below belong with them
 __all__ = [
     "mask_words",
     "cuda_kernels_built",
+    "cuda_launch_class",
+    "verified_families",
     "has_kernel_for",
     "kernel_unsupported_reason",
     "tree_verify_attention",
@@ -45,8 +47,9 @@ def kernel_unsupported_reason(device: torch.device | str, dtype: torch.dtype, he
     """Why tree_verify_attention has no kernel for this layer configuration on `device`; "" when it has one.
 
     The answer is the library's own (csrc/kernel_support.h): the dtypes, the head-dim families its CUDA dispatch
-    has, and on CUDA whether the configuration it would launch has a kernel image for the device's architecture
-    and fits its shared memory. A CPU-only build answers no for every CUDA device. Reads no tensor values, so
+    has, and on CUDA whether the family is verified for the device's architecture class (`verified_families`),
+    and whether the configuration it would launch has a kernel image for the device's architecture and fits its
+    shared memory. A CPU-only build answers no for every CUDA device. Reads no tensor values, so
     callers decide per layer, inside CUDA graphs too. CPU: float32, bfloat16, float16, any head dims.
 
     Args:
@@ -71,6 +74,37 @@ def has_kernel_for(device: torch.device | str, dtype: torch.dtype, head_dim_qk: 
     """Whether tree_verify_attention has a kernel for this configuration on `device` (kernel_unsupported_reason
     says why not)."""
     return not kernel_unsupported_reason(device, dtype, head_dim_qk, head_dim_v, num_kv_heads, kv_dtype)
+
+
+def verified_families() -> list[dict]:
+    """The library's table of CUDA families and whether the GPU suite has verified each, per architecture class
+    (csrc/verified_families.cpp): [{"family": "tree_verify_attention hd128", "cache": "same" | "fp8" | "",
+    "verified": {"sm_90a": True, "sm_100": False, "sm_80": False, "99 KB": False}}, ...]. A family not verified for
+    a device's class is answered "no" by has_kernel_for and raises when called, unless KDTREE_OPS_UNVERIFIED=1."""
+    fn = ctypes.CDLL(str(build.load())).kdtree_verified_families
+    fn.restype = ctypes.c_char_p
+    header, *rows = fn().decode().strip().split("\n")
+    classes = header.split("\t")
+    families = []
+    for row in rows:
+        family, cache, flags = row.split("\t")
+        families.append({"family": family, "cache": cache,
+                         "verified": dict(zip(classes, (f == "1" for f in flags.split())))})
+    return families
+
+
+def cuda_launch_class(device: torch.device | str | int = "cuda") -> str:
+    """The architecture class ("sm_90a", "sm_100", "sm_80", "99 KB") a launch on a CUDA device runs as: its own, or
+    under KDTREE_OPS_EMULATE_ARCH the emulated one; "" in a build without CUDA kernels. Raises ValueError for an
+    emulation that names no class."""
+    device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    fn = ctypes.CDLL(str(build.load())).kdtree_cuda_launch_class
+    fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_int]
+    name = fn(index).decode()
+    if name.startswith("error: "):
+        raise ValueError(name.removeprefix("error: "))
+    return name
 
 
 def cuda_kernels_built() -> bool:
@@ -98,8 +132,9 @@ def tree_verify_attention(
     Args:
         q: [N, Hq, Dqk] float32/bfloat16/float16, last dim contiguous. Row `qo_indptr[b] + j` is draft
             token j of request b (tree order, root first). Rows past `qo_indptr[B]` (graph padding) give zeros.
-        k_cache: [S, Hkv, Dqk], dtype of q or an fp8 KV cache (float8_e4m3fn or float8_e5m2; CPU only in this
-            build), any row/head stride, last dim contiguous. Hq % Hkv == 0.
+        k_cache: [S, Hkv, Dqk], dtype of q or an fp8 KV cache (float8_e4m3fn or float8_e5m2), any row/head
+            stride, last dim contiguous (CUDA: 16-byte aligned data pointer, strides multiples of 8 elements).
+            Hq % Hkv == 0.
         v_cache: [S, Hkv, Dv], dtype of k_cache; may alias k_cache (MLA: `v_cache = kv_cache[..., :512]`).
         qo_indptr: [B+1] int32: request b owns query rows qo_indptr[b]:qo_indptr[b+1] (T_b tokens).
         kv_indptr: [B+1] int32: request b owns kv_indices[kv_indptr[b]:kv_indptr[b+1]].

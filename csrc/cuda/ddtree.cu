@@ -41,22 +41,12 @@
 
 #include "ddtree_args.h"
 #include "ddtree_order.h"
-#include "gpu_verified.h"
+#include "launch_class.h"
 #include "smem_optin.cuh"
 #include "value_checks.cuh"
 
 namespace kdtree {
 namespace {
-
-// The family table of this file's kernels: whether the GPU suite has passed each on its current source
-// (gpu_verified.h). Flipped to true in the commit that records the passing results (examples/results/).
-struct DdtreeFamily {
-  const char* name;
-  bool verified;
-};
-constexpr DdtreeFamily kBuildTree{"ddtree_build_tree", false};      // the tie path's shared-memory race fixed
-constexpr DdtreeFamily kAcceptGreedy{"ddtree_accept_greedy", true};  // H200, 2026-12-02: bit-equal to the CPU
-constexpr DdtreeFamily kCommitKv{"ddtree_commit_kv", false};         // range guards added
 
 constexpr int kThreads = 256;  // 8 warps per CTA in all three kernels
 constexpr unsigned kFullWarp = 0xffffffffu;
@@ -229,7 +219,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ddtree_build_tree_cud
     int64_t budget) {
   constexpr const char* op = "ddtree_build_tree";
   const BuildTreeDims dims = check_build_tree_args(logprobs_in, tokens_in, root_tokens_in, budget);
-  cuda::check_verified(op, kBuildTree.name, kBuildTree.verified);
+  cuda::check_verified(op, op, "", logprobs_in.get_device());
   const c10::cuda::CUDAGuard guard(logprobs_in.device());
   const at::Tensor logprobs = logprobs_in.contiguous();  // no-ops for the usual inputs; a copy is graph-safe
   const at::Tensor tokens = tokens_in.contiguous();
@@ -305,7 +295,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> ddtree_accept_greedy_cuda(
     int64_t max_depth) {
   constexpr const char* op = "ddtree_accept_greedy";
   const int64_t batch = check_accept_greedy_args(tree_tokens_in, parents_in, target_tokens_in, max_depth);
-  cuda::check_verified(op, kAcceptGreedy.name, kAcceptGreedy.verified);
+  cuda::check_verified(op, op, "", tree_tokens_in.get_device());
   const c10::cuda::CUDAGuard guard(tree_tokens_in.device());
   const at::Tensor tree_tokens = tree_tokens_in.contiguous();
   const at::Tensor parents = parents_in.contiguous();
@@ -417,7 +407,7 @@ void ddtree_commit_kv_cuda(const at::Tensor& k_cache,                // [S, Hkv,
                            const at::Tensor& dest_slots_in) {        // [B, D+1] int64
   constexpr const char* op = "ddtree_commit_kv";
   const CommitKvDims dims = check_commit_kv_args(k_cache, v_cache, accepted_in, node_slots_in, dest_slots_in);
-  cuda::check_verified(op, kCommitKv.name, kCommitKv.verified);
+  cuda::check_verified(op, op, "", k_cache.get_device());
   const c10::cuda::CUDAGuard guard(k_cache.device());
   const at::Tensor accepted = accepted_in.contiguous();
   const at::Tensor node_slots = node_slots_in.contiguous();

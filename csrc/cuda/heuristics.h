@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "launch_class.h"
 #include "tree_verify_params.h"
 
 namespace kdtree::cuda {
@@ -16,9 +17,10 @@ namespace kdtree::cuda {
 // traffic) cost more than the parallelism of shorter pieces gains.
 constexpr int kMinUnitsPerCta = 4;
 
-// The sm_90a wgmma kernels on Hopper, sm_90 itself, the portable mma.sync ones elsewhere: wgmma took G2 from the
-// portable kernel's 280 us to 159 at first (use_wgmma lets KDTREE_OPS_PORTABLE_MMA=1 force the portable path).
-inline bool prefers_wgmma(const cudaDeviceProp& prop) { return prop.major == 9 && prop.minor == 0; }
+// The sm_90a wgmma kernels where the class has wgmma (sm_90 itself), the portable mma.sync ones elsewhere: wgmma took
+// G2 from the portable kernel's 280 us to 159 at first (use_wgmma lets KDTREE_OPS_PORTABLE_MMA=1 force the portable
+// path).
+inline bool prefers_wgmma(ArchClass cls) { return limits_of(cls).wgmma; }
 
 // Short trees (at most 64 packed rows per request on average) take the narrow wgmma configuration, 64-row
 // tiles: G4 (16 tokens x 4 heads, half of a 128-row tile) 159 -> 103 us.

@@ -1,11 +1,13 @@
-// The CUDA half of the kernel-support answer (csrc/kernel_support.h): which (dtype, head dims, KV heads) the CUDA
-// kernels have on a given device, from the family table that the op's dispatch uses and each family's launch
-// blocker (kernel image for the device's architecture, shared memory against the device's per-block limit).
+// The CUDA half of the kernel-support answer (csrc/kernel_support.h): which (dtype, head dims, KV heads, KV dtype)
+// the CUDA kernels have on a given device, from the family table that the op's dispatch uses: the family, whether
+// the GPU suite has verified it for the device's architecture class and cache kind (verified_families.h), its launch
+// blocker (kernel image for the device's architecture, shared memory against the class's per-block limit).
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <string>
 
 #include "kernel_support.h"
+#include "tree_verify_dtypes.h"
 #include "tree_verify_families.h"
 
 namespace kdtree::cuda {
@@ -13,20 +15,17 @@ namespace kdtree::cuda {
 namespace {
 
 constexpr TreeVerifyFamily kFamilies[] = {
-    {"hd64", 64, 64, false, &tree_verify_hd64, &tree_verify_hd64_blocker},
-    {"hd128", 128, 128, false, &tree_verify_hd128, &tree_verify_hd128_blocker},
-    {"hd256", 256, 256, false, &tree_verify_hd256, &tree_verify_hd256_blocker},
-    {"mla", 576, 512, true, &tree_verify_mla, &tree_verify_mla_blocker},
+    {"hd64", 64, 64, false, &tree_verify_hd64, &tree_verify_hd64_blocker, "tree_verify_attention hd64"},
+    {"hd128", 128, 128, false, &tree_verify_hd128, &tree_verify_hd128_blocker, "tree_verify_attention hd128"},
+    {"hd256", 256, 256, false, &tree_verify_hd256, &tree_verify_hd256_blocker, "tree_verify_attention hd256"},
+    {"mla", 576, 512, true, &tree_verify_mla, &tree_verify_mla_blocker, "tree_verify_attention mla"},
 };
 
 std::string dims_text(int64_t dqk, int64_t dv) { return "(" + std::to_string(dqk) + ", " + std::to_string(dv) + ")"; }
 
 std::string cuda_unsupported_reason(const KernelQuery& q) {
-  if (q.q_dtype != c10::kBFloat16 && q.q_dtype != c10::kHalf)
-    return std::string("on CUDA, q must be bfloat16 or float16, not ") + c10::toString(q.q_dtype);
-  if (q.kv_dtype != q.q_dtype)
-    return std::string("no CUDA kernel for a ") + c10::toString(q.kv_dtype) + " KV cache with " +
-           c10::toString(q.q_dtype) + " queries (the cache must have q's dtype)";
+  const std::string dtypes = cuda_dtype_unsupported_reason(q.q_dtype, q.kv_dtype);
+  if (!dtypes.empty()) return dtypes;
   const TreeVerifyFamily* family = find_tree_verify_family(q.head_dim_qk, q.head_dim_v, q.num_kv_heads);
   if (family == nullptr)
     return "no CUDA kernel for head dims " + dims_text(q.head_dim_qk, q.head_dim_v) + " with " +
@@ -37,11 +36,21 @@ std::string cuda_unsupported_reason(const KernelQuery& q) {
     return "cuda:" + std::to_string(q.device.index()) + " does not exist (" + std::to_string(count) +
            " CUDA devices visible)";
   const int device = q.device.has_index() ? q.device.index() : c10::cuda::current_device();
-  return family->blocker(device, q.q_dtype == c10::kBFloat16);
+  const bool fp8 = q.kv_dtype != q.q_dtype;
+  try {
+    const std::string unverified = tree_verify_unverified_reason(*family, device, fp8);
+    if (!unverified.empty()) return unverified;
+    return family->blocker(device, q.q_dtype == c10::kBFloat16, fp8);
+  } catch (const c10::Error& e) {  // e.g. KDTREE_OPS_EMULATE_ARCH naming no class: the answer is no, and why
+    return e.what_without_backtrace();
+  }
 }
 
+std::string launch_class_name(int device) { return limits_of(launch_class(device)).name; }
+
 // Registered when the library loads, before any query can come.
-const bool registered = (register_cuda_kernel_support(&cuda_unsupported_reason), true);
+const bool registered = (register_cuda_kernel_support(&cuda_unsupported_reason),
+                         register_cuda_launch_class_name(&launch_class_name), true);
 
 }  // namespace
 
@@ -53,6 +62,10 @@ const TreeVerifyFamily* find_tree_verify_family(int64_t head_dim_qk, int64_t hea
       return &f;
   }
   return nullptr;
+}
+
+std::string tree_verify_unverified_reason(const TreeVerifyFamily& family, int device, bool fp8) {
+  return unverified_reason_on(family.verified_as, fp8 ? "fp8" : "same", device);
 }
 
 }  // namespace kdtree::cuda

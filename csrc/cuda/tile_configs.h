@@ -4,6 +4,7 @@
 // examples/TUNING.md ("The tile configurations"). Which one a launch takes: heuristics.h.
 #pragma once
 
+#include "launch_class.h"
 #include "tree_verify_kernel.cuh"
 
 namespace kdtree::cuda {
@@ -16,6 +17,12 @@ template <typename T> using Hd256Config = TreeVerifyConfig<T, 256, 256, 64, 32, 
 
 // Portable MLA: 8 warps split the 64 x 512 output (WARPS_N 2) in 208 of the 227 KiB of shared memory (M2 732 us).
 template <typename T> using MlaConfig = TreeVerifyConfig<T, 576, 512, 64, 32, 2, 2>;
+// sm_80 MLA: the same tiles with V read from the K tile (no V tiles; a separate draft V over K): 157,712 of
+// 166,912 B. Not yet measured (examples/TUNING.md, "The architecture classes").
+template <typename T> using MlaSm80Config = TreeVerifyConfig<T, 576, 512, 64, 32, 2, 2, false, false>;
+// 99 KB class MLA: 32-row tiles (two row warps, two column warps: 256 of O's columns each), 16-key tiles (8 keys a
+// warp in S), three stages, V from K: 97,936 of 101,376 B. Not yet measured (examples/TUNING.md).
+template <typename T> using Mla99KbConfig = TreeVerifyConfig<T, 576, 512, 32, 16, 2, 3, false, false>;
 
 // wgmma GQA/MHA: 128-row, 128-key tiles, S at N = 128, P in registers (64-row tiles: G2 163 us, 128 x 64: 184).
 template <typename T> using Hd64Wgmma = TreeVerifyConfig<T, 64, 64, 128, 128, 1, 2, true>;
@@ -30,5 +37,41 @@ template <typename T> using Hd256WgmmaNarrow = TreeVerifyConfig<T, 256, 256, 64,
 template <typename T> using MlaWgmmaKeySplit = TreeVerifyConfig<T, 576, 512, 64, 64, 2, 2, true, false>;
 // wgmma MLA, V in K: the warpgroups take the 64-key tiles in turns, S at N = 64, one gathers (M5 366 -> 313 us).
 template <typename T> using MlaWgmma = TreeVerifyConfig<T, 576, 512, 64, 64, 2, 2, true, false, true>;
+
+// A family's configurations: the portable one per architecture class and the wgmma ones of sm_90a (arch_classes.h).
+template <template <typename> class Portable90, template <typename> class Portable80,
+          template <typename> class Portable99, template <typename> class Wgmma, template <typename> class WgmmaNarrow>
+struct FamilyConfigs {
+  template <typename T> using Sm90aPortable = Portable90<T>;
+  template <typename T> using Sm80Portable = Portable80<T>;
+  template <typename T> using Kb99Portable = Portable99<T>;
+  template <typename T> using SmWgmma = Wgmma<T>;
+  template <typename T> using SmWgmmaNarrow = WgmmaNarrow<T>;
+};
+using Hd64Family = FamilyConfigs<Hd64Config, Hd64Config, Hd64Config, Hd64Wgmma, Hd64WgmmaNarrow>;
+using Hd128Family = FamilyConfigs<Hd128Config, Hd128Config, Hd128Config, Hd128Wgmma, Hd128WgmmaNarrow>;
+using Hd256Family = FamilyConfigs<Hd256Config, Hd256Config, Hd256Config, Hd256Wgmma, Hd256WgmmaNarrow>;
+using MlaPairedFamily = FamilyConfigs<MlaConfig, MlaSm80Config, Mla99KbConfig, MlaWgmma, MlaWgmma>;
+using MlaKeySplitFamily = FamilyConfigs<MlaConfig, MlaSm80Config, Mla99KbConfig, MlaWgmmaKeySplit, MlaWgmmaKeySplit>;
+
+// The static proof that every configuration fits the class it is built for (the kernel's static shared memory is
+// none: everything is the dynamic kSmemBytes; the launch checks the total again on the device).
+template <class F>
+constexpr bool family_fits() {
+  using T = __nv_bfloat16;
+  return F::template SmWgmma<T>::kSmemBytes <= limits_of(ArchClass::kSm90a).smem_per_block &&
+         F::template SmWgmmaNarrow<T>::kSmemBytes <= limits_of(ArchClass::kSm90a).smem_per_block &&
+         F::template Sm90aPortable<T>::kSmemBytes <= limits_of(ArchClass::kSm90a).smem_per_block &&
+         F::template Sm90aPortable<T>::kSmemBytes <= limits_of(ArchClass::kSm100).smem_per_block &&
+         F::template Sm80Portable<T>::kSmemBytes <= limits_of(ArchClass::kSm80).smem_per_block &&
+         F::template Kb99Portable<T>::kSmemBytes <= limits_of(ArchClass::k99KB).smem_per_block;
+}
+static_assert(family_fits<Hd64Family>(), "hd64: a configuration exceeds its class's shared memory");
+static_assert(family_fits<Hd128Family>(), "hd128: a configuration exceeds its class's shared memory");
+static_assert(family_fits<Hd256Family>(), "hd256: a configuration exceeds its class's shared memory");
+static_assert(family_fits<MlaPairedFamily>() && family_fits<MlaKeySplitFamily>(),
+              "mla: a configuration exceeds its class's shared memory");
+// fp8 caches widen in place: the same shared memory as the T cache's configuration.
+static_assert(Mla99KbConfig<__half>::WithFp8Cache::kSmemBytes == Mla99KbConfig<__half>::kSmemBytes, "fp8 tiles");
 
 }  // namespace kdtree::cuda

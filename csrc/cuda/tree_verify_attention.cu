@@ -1,11 +1,12 @@
 // CUDA implementation of kdtree::tree_verify_attention(_out): argument checks, parameter packing and the
-// choice of kernel family by head dims. Capture-safe: no host sync (value checks only with
+// choice of kernel family by head dims (caches of q's dtype or fp8, the scales applied to fp8 rows as they land). Capture-safe: no host sync (value checks only with
 // KDTREE_OPS_DEBUG=1 outside capture), launches on the current stream, grid from the device only.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include "tree_verify_args.h"
+#include "tree_verify_dtypes.h"
 #include "tree_verify_families.h"
 #include "value_checks.cuh"
 
@@ -29,15 +30,12 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
                                 const at::Tensor& v_cache, const at::Tensor& qo_indptr, const at::Tensor& kv_indptr,
                                 const at::Tensor& kv_indices, const at::Tensor& tree_mask, double sm_scale,
                                 double logit_cap, const std::optional<at::Tensor>& k_draft,
-                                const std::optional<at::Tensor>& v_draft, double /*k_scale*/, double /*v_scale*/,
+                                const std::optional<at::Tensor>& v_draft, double k_scale, double v_scale,
                                 at::Tensor& out) {
   const c10::cuda::CUDAGuard guard(q.device());
-  TORCH_CHECK(q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf,
-              "tree_verify_attention: on CUDA, q must be bfloat16 or float16, got ", q.scalar_type());
-  // The scales multiply fp8 caches only, and the CUDA kernels read caches of q's dtype.
-  TORCH_CHECK(k_cache.scalar_type() == q.scalar_type(), "tree_verify_attention: on CUDA, k_cache and v_cache must "
-              "have the dtype of q (", q.scalar_type(), "), got ", k_cache.scalar_type(),
-              ": fp8 KV caches run on the CPU only in this build");
+  const std::string dtypes = cuda::cuda_dtype_unsupported_reason(q.scalar_type(), k_cache.scalar_type());
+  TORCH_CHECK(dtypes.empty(), "tree_verify_attention: ", dtypes);
+  const bool fp8 = is_fp8_cache_dtype(k_cache.scalar_type());
   if (cuda_value_checks_wanted()) {
     check_tree_verify_values(d, qo_indptr, kv_indptr, kv_indices, k_cache.size(0));
   }
@@ -46,6 +44,8 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   TORCH_CHECK(family != nullptr, "tree_verify_attention: on CUDA, head dims (Dqk, Dv) = (", d.head_dim_qk, ", ",
               d.head_dim_v, ") with ", d.num_kv_heads, " KV heads have no kernel; the CUDA kernels take ",
               cuda::kTreeVerifyHeadDims);
+  const std::string unverified = cuda::tree_verify_unverified_reason(*family, q.get_device(), fp8);
+  TORCH_CHECK(unverified.empty(), "tree_verify_attention: ", unverified);
   if (d.num_tokens == 0) return;
   TORCH_CHECK(d.num_tokens <= INT32_MAX / 1024, "tree_verify_attention: too many query rows (", d.num_tokens, ")");
 
@@ -91,10 +91,14 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   p.sm_scale = static_cast<float>(sm_scale);
   p.scale_log2 = static_cast<float>(sm_scale * 1.4426950408889634);
   p.logit_cap = static_cast<float>(logit_cap);
-  p.cache_v_aliases_k = is_prefix_view(v_cache, k_cache);
+  p.k_scale = static_cast<float>(k_scale);
+  p.v_scale = static_cast<float>(v_scale);
+  p.kv_fp8_e5m2 = k_cache.scalar_type() == at::ScalarType::Float8_e5m2;
+  // V read from the K tile is widened with k_scale: with another v_scale the kernels load V rows of their own.
+  p.cache_v_aliases_k = is_prefix_view(v_cache, k_cache) && (!fp8 || k_scale == v_scale);
   p.draft_v_aliases_k = k_draft.has_value() && is_prefix_view(*v_draft, *k_draft);
 
-  family->launch(p, q);
+  family->launch(p, q, fp8);
 }
 
 }  // namespace

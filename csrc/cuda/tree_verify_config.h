@@ -7,9 +7,14 @@
 namespace kdtree::cuda {
 
 template <typename T_, int kDqk_, int kDv_, int kBlockM_, int kBlockN_, int kWarpsN_, int kStages_,
-          bool kWgmma_ = false, bool kVTile_ = true, bool kPairedTiles_ = false>
+          bool kWgmma_ = false, bool kVTile_ = true, bool kPairedTiles_ = false, bool kFp8Cache_ = false>
 struct TreeVerifyConfig {
   using T = T_;
+  // The same tiles over an fp8 KV cache (e4m3 or e5m2, chosen at run time): cache rows land as bytes and are
+  // widened to T in place, scaled, before the math reads them (tree_verify_loads.cuh); draft rows stay T.
+  static constexpr bool kFp8Cache = kFp8Cache_;
+  using WithFp8Cache =
+      TreeVerifyConfig<T_, kDqk_, kDv_, kBlockM_, kBlockN_, kWarpsN_, kStages_, kWgmma_, kVTile_, kPairedTiles_, true>;
   static constexpr int kDqk = kDqk_, kDv = kDv_, kBlockM = kBlockM_, kBlockN = kBlockN_;
   static constexpr int kWarpsN = kWarpsN_, kStages = kStages_;
   static constexpr bool kWgmma = kWgmma_;
@@ -31,6 +36,9 @@ struct TreeVerifyConfig {
     return (tiles + kTileStep - 1) / kTileStep * kTileStep;
   }
   static constexpr int kWarpsM = kBlockM / 16;  // a warp owns 16 rows (mma.sync M; a quarter of wgmma M)
+  // Warps come in groups that share one key/column split: a warpgroup of four (wgmma's unit), or on the mma.sync
+  // path with fewer row warps (32-row tiles), those.
+  static constexpr int kWarpsPerGroup = kWgmma || kWarpsM >= 4 ? 4 : kWarpsM;
   static constexpr int kMathThreads = 32 * kWarpsM * kWarpsN;  // the warps that compute (threads 0 ..)
   static constexpr int kLoadThreads = kOverlapPv || kPairedTiles ? 128 : 0;  // the gathering warpgroup
   static constexpr int kThreads = kMathThreads + kLoadThreads;
@@ -41,7 +49,8 @@ struct TreeVerifyConfig {
   // never returns.
   static constexpr int kCtasPerSm = kLoadThreads > 0 && kMathThreads == 128 ? 2 : 1;
   static constexpr int kCtaRegs = 65536 / kCtasPerSm / kThreads / 8 * 8 * kThreads;
-  static constexpr int kLoadRegs = 56;  // the gatherers' copy loops spilled at 40 (examples/TUNING.md)
+  // The gatherers' copy loops spilled at 40 (examples/TUNING.md); fp8 rows, widened after they land, take more.
+  static constexpr int kLoadRegs = kFp8Cache_ ? 72 : 56;
   static constexpr int kMathRegs = (kCtaRegs - kLoadThreads * kLoadRegs) / kMathThreads / 8 * 8;
   // Wide warp-specialized CTAs (one per SM, P in registers) may launch in clusters of two (where the shapes make
   // row tiles of two pieces, tree_verify_launch.cuh): a row tile whose two pieces run on the two CTAs of a
@@ -56,11 +65,13 @@ struct TreeVerifyConfig {
                                       kMathThreads * kMathRegs + kLoadThreads * kLoadRegs <= kCtaRegs),
                 "gathering warpgroup");
   static_assert(kWarpsN == 1 || kBlockN <= 64, "the P exchange holds 64 keys");
-  static_assert(kWarpsM % 4 == 0, "whole warpgroups of 16-row warps");
+  static_assert(kWarpsM % kWarpsPerGroup == 0 && (kWarpsPerGroup == 4 || !kWgmma), "whole groups of 16-row warps");
   static_assert(!kPairedTiles || (kWgmma && kWarpsN == 2 && kWarpsM == 4 && !kVTile && kBlockN == 64 &&
                                   kDqk - kDv == 64 && kStages == 2),
                 "paired tiles: two warpgroups on 64 rows, 64-key tiles in two buffers, P in the columns past Dv");
-  static_assert(kKeysPerWarp % 16 == 0 && kDvPerWarp % 16 == 0 && kDqk % 64 == 0 && kDv % 64 == 0, "warp split");
+  // A warp's keys are whole mma.sync n-tiles (8), pairs of them on wgmma.
+  static_assert(kKeysPerWarp % (kWgmma ? 16 : 8) == 0 && kDvPerWarp % 16 == 0 && kDqk % 64 == 0 && kDv % 64 == 0,
+                "warp split");
 
   static constexpr int kQBytes = kBlockM * kDqk * 2;
   static constexpr int kKBytes = kBlockN * kDqk * 2;

@@ -32,6 +32,7 @@
 #include <type_traits>
 
 #include "cluster.cuh"
+#include "fp8_cache.cuh"
 #include "mbarrier.cuh"
 #include "mma.cuh"
 #include "tree_mask_bits.cuh"
@@ -77,8 +78,9 @@ struct TreeVerifyCta {
   const T** sVRow;  // same for V rows (configurations with V tiles)
   int* sFlag;
   const int tid = threadIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int wn = (warp / 4) % C::kWarpsN;                  // key split (S) / column split (PV)
-  const int wm = (warp / 4 / C::kWarpsN) * 4 + warp % 4;  // row group: rows [16 * wm, +16)
+  static constexpr int G = C::kWarpsPerGroup;
+  const int wn = (warp / G) % C::kWarpsN;                  // key split (S) / column split (PV)
+  const int wm = (warp / G / C::kWarpsN) * G + warp % G;  // row group: rows [16 * wm, +16)
   // The warpgroup, broadcast from lane 0 so the compiler sees it warp-uniform: the wgmma descriptors built
   // from it then live in uniform registers.
   const int wg = __shfl_sync(0xffffffffu, threadIdx.x >> 7, 0);
@@ -174,12 +176,17 @@ struct TreeVerifyCta {
   // row_source(i) (nullptr: zeros). Eight threads copy a row (a warp: four full 128-byte lines per instruction);
   // thread q takes chunk q of each 64-column block. Rows of one thread are kCopiers / 8 apart, a multiple of 8,
   // so its swizzled position is the same in every row and block: one source per row, constant offsets otherwise.
-  template <int kRows, int kChunks, int kCopiers, class RowSource>
+  // kKv: K/V rows, which may be fp8 cache rows (tagged; fp8_cache.cuh); Q rows never are.
+  template <int kRows, int kChunks, int kCopiers, bool kKv, class RowSource>
   __device__ __forceinline__ void copy_rows(RowSource row_source, T* dst, int copier);
+  // After copy_rows' copies landed, the same thread's chunks of fp8 rows widened in place to T times `scale`
+  // (fp8_cache.cuh); rows of T are left as they are.
+  template <int kRows, int kChunks, int kCopiers, class RowSource>
+  __device__ __forceinline__ void widen_rows(RowSource row_source, T* dst, int copier, float scale);
   // A K or V tile (BLOCK_N rows) from the row pointers staged in `rows`.
   template <int kChunks, int kCopiers>
   __device__ __forceinline__ void load_rows(const T* const* rows, T* dst, int copier) {
-    copy_rows<C::kBlockN, kChunks, kCopiers>([&](int row) { return rows[row]; }, dst, copier);
+    copy_rows<C::kBlockN, kChunks, kCopiers, true>([&](int row) { return rows[row]; }, dst, copier);
   }
 
   // Any valid global address: a zero-filling copy reads nothing from it.

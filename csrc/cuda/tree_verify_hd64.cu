@@ -1,11 +1,12 @@
-// Instances of the tree-verify kernel for the Hd64 family: portable, wgmma and narrow wgmma (bf16, fp16).
+// Instances of the tree-verify kernel for the Hd64 family: each architecture class's portable configuration, the
+// wgmma and narrow wgmma ones (tile_configs.h), bf16 and fp16, over caches of q's dtype and fp8.
 #include "tree_verify_launch.cuh"
 
 namespace kdtree::cuda {
-void tree_verify_hd64(const TreeVerifyParams& p, const at::Tensor& q) {
-  launch_tree_verify_family<Hd64Config, Hd64Wgmma, Hd64WgmmaNarrow>(p, q);
+void tree_verify_hd64(const TreeVerifyParams& p, const at::Tensor& q, bool fp8) {
+  launch_tree_verify_family<Hd64Family>(p, q, fp8);
 }
-std::string tree_verify_hd64_blocker(int device, bool bf16) {
-  return family_blocker<Hd64Config, Hd64Wgmma, Hd64WgmmaNarrow>(device, bf16);
+std::string tree_verify_hd64_blocker(int device, bool bf16, bool fp8) {
+  return family_blocker<Hd64Family>(device, bf16, fp8);
 }
 }  // namespace kdtree::cuda

@@ -70,11 +70,26 @@ __device__ void run_tree_verify(const TreeVerifyParams& p, char* smem) {
   for_each_piece([&](const Segment& sg) { cta.run_segment(sg); });
 }
 
+// Whether the architecture being compiled could launch C: its blocks' shared-memory limit (a configuration of another
+// class compiles to a trap there, so a build of several targets carries only the machine code each target can run;
+// the sm_90a build keeps every class's portable configuration, which KDTREE_OPS_EMULATE_ARCH runs on the H200).
+template <class C>
+constexpr bool fits_compiled_arch() {
+#if defined(__CUDA_ARCH__)
+  constexpr size_t limit = __CUDA_ARCH__ == 800 ? 166912
+                           : __CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200 ? 101376
+                                                                                                     : 232448;
+  return C::kSmemBytes <= limit;
+#else
+  return true;
+#endif
+}
+
 template <class C>
 __global__ void __launch_bounds__(C::kThreads, C::kCtasPerSm)
     tree_verify_attention_kernel(const __grid_constant__ TreeVerifyParams p) {
-  if constexpr (C::kWgmma && !KDTREE_HAS_WGMMA) {
-    __trap();  // a wgmma configuration in a build for another architecture: the host never launches it
+  if constexpr ((C::kWgmma && !KDTREE_HAS_WGMMA) || !fits_compiled_arch<C>()) {
+    __trap();  // a configuration the compiled architecture cannot run: the host never launches it there
   } else {
     extern __shared__ __align__(16) char smem_raw[];
     char* smem = smem_raw + ((1024 - smem_addr(smem_raw) % 1024) % 1024);  // the swizzle's period

@@ -6,14 +6,18 @@
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "heuristics.h"
 #include "split_counters.h"
 #include "tile_configs.h"
+#include "launch_class.h"
+#include "smem_optin.cuh"
 #include "tree_verify_families.h"
 
 namespace kdtree::cuda {
@@ -48,15 +52,31 @@ cudaLaunchAttribute cluster_attribute() {
   return cluster;
 }
 
-// Why configuration C cannot launch on `device` ("" when it can): this build holds no kernel image for the
-// device's architecture, or C needs more shared memory than a block may have there. The launch's check and the
-// kernel-support answer (has_kernel_for) both take it, so what is advertised is what launches.
-template <class C>
-std::string launch_blocker(int device) {
+// The shared memory a block of the launch's class may have on `device`: its class's limit, and the device's own.
+inline size_t class_smem_limit(int device, ArchClass cls) {
+  return std::min(limits_of(cls).smem_per_block,
+                  static_cast<size_t>(at::cuda::getDeviceProperties(device)->sharedMemPerBlockOptin));
+}
+
+// The name of the GPU a launch runs as, for messages: "NVIDIA H200 (sm_90)", or with an emulated class
+// "NVIDIA H200 (sm_90) emulating the 99 KB class".
+inline std::string launch_gpu_name(int device, ArchClass cls) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
-  const std::string gpu = std::string(prop->name) + " (sm_" + std::to_string(prop->major) + std::to_string(prop->minor) + ")";
+  std::string name = std::string(prop->name) + " (sm_" + std::to_string(prop->major) + std::to_string(prop->minor) + ")";
+  if (cls != arch_class_of(prop->major, prop->minor, prop->sharedMemPerBlockOptin))
+    name += std::string(" emulating the ") + limits_of(cls).name + " class";
+  return name;
+}
+
+// Why configuration C cannot launch on `device` as class `cls` ("" when it can): this build holds no kernel image
+// for the device's architecture, or C needs more shared memory than a block of the class may have there. The
+// launch's check and the kernel-support answer (has_kernel_for) both take it, so what is advertised is what launches.
+template <class C>
+std::string launch_blocker(int device, ArchClass cls) {
+  const std::string gpu = launch_gpu_name(device, cls);
   const std::string config = std::string(C::kWgmma ? "wgmma" : "mma.sync") + " configuration for head dims " +
-                             std::to_string(C::kDqk) + "/" + std::to_string(C::kDv);
+                             std::to_string(C::kDqk) + "/" + std::to_string(C::kDv) +
+                             (C::kFp8Cache ? " over an fp8 KV cache" : "");
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   cudaFuncAttributes attributes;
   const cudaError_t status = cudaFuncGetAttributes(&attributes, tree_verify_attention_kernel<C>);
@@ -67,33 +87,39 @@ std::string launch_blocker(int device) {
              "); rebuild with KDTREE_OPS_CUDA_ARCHS naming it";
     return "the " + config + " cannot be queried on " + gpu + ": " + cudaGetErrorString(status);
   }
-  const size_t need = C::kSmemBytes + attributes.sharedSizeBytes;
-  if (need > prop->sharedMemPerBlockOptin)
+  const size_t need = C::kSmemBytes + attributes.sharedSizeBytes, limit = class_smem_limit(device, cls);
+  if (need > limit)
     return "the " + config + " needs " + std::to_string(need) + " bytes of shared memory per block; " + gpu +
-           " allows " + std::to_string(prop->sharedMemPerBlockOptin);
+           " allows " + std::to_string(limit);
   return "";
 }
 
-// Found once per device, with the kernel's dynamic shared-memory limit raised to what it needs at the same time,
-// so a launch makes no attribute or occupancy calls. No CTA waits for another outside its cluster, whose CTAs
-// the hardware runs together.
+// Found once per device and class, with the kernel's dynamic shared-memory limit raised at the same time (to the
+// class's limit: under emulation the driver then refuses any launch past it), so a launch makes no attribute or
+// occupancy calls. The CTAs an SM holds are also capped by the class's shared memory and threads per SM (the H200
+// has more of both than an emulated class). No CTA waits for another outside its cluster, whose CTAs the hardware
+// runs together.
 template <class C>
-PersistentGrids persistent_grids(int device, const cudaDeviceProp& prop) {
-  static std::array<std::atomic<PersistentGrids>, 64> cached{};  // ctas 0: not yet known
+PersistentGrids persistent_grids(int device, const cudaDeviceProp& prop, ArchClass cls) {
+  static std::array<std::array<std::atomic<PersistentGrids>, kArchClasses>, 64> cached{};  // ctas 0: not yet known
   TORCH_CHECK(device >= 0 && device < static_cast<int>(cached.size()), "tree_verify_attention: device index ",
               device, " out of range");
-  PersistentGrids grids = cached[device].load(std::memory_order_acquire);
+  std::atomic<PersistentGrids>& slot = cached[device][static_cast<int>(cls)];
+  PersistentGrids grids = slot.load(std::memory_order_acquire);
   if (grids.ctas != 0) return grids;
-  auto* kernel = tree_verify_attention_kernel<C>;
-  const std::string blocker = launch_blocker<C>(device);
+  constexpr auto kernel = tree_verify_attention_kernel<C>;
+  const std::string blocker = launch_blocker<C>(device, cls);
   TORCH_CHECK(blocker.empty(), "tree_verify_attention: ", blocker);
-  C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(C::kSmemBytes)));
+  allow_dynamic_smem<kernel>(device, C::kSmemBytes, "tree_verify_attention", "the kernel's tiles",
+                             class_smem_limit(device, cls));
   int per_sm = 0;
   C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, C::kThreads, C::kSmemBytes));
+  const ArchLimits& limits = limits_of(cls);
+  per_sm = std::min({per_sm, static_cast<int>(limits.smem_per_sm / (C::kSmemBytes + 1024)),
+                     limits.threads_per_sm / C::kThreads});
   grids.ctas = per_sm * prop.multiProcessorCount;
   TORCH_CHECK(grids.ctas > 0, "tree_verify_attention: the kernel for head dims ", C::kDqk, "/", C::kDv,
-              " does not fit on this GPU");
+              " does not fit on ", launch_gpu_name(device, cls));
   grids.in_clusters = 0;
   if constexpr (C::kClusterSize > 1) {
     cudaLaunchAttribute cluster = cluster_attribute<C>();
@@ -103,15 +129,15 @@ PersistentGrids persistent_grids(int device, const cudaDeviceProp& prop) {
     C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
     grids.in_clusters = clusters * C::kClusterSize;
   }
-  cached[device].store(grids, std::memory_order_release);
+  slot.store(grids, std::memory_order_release);
   return grids;
 }
 
 template <class C>
-void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
+void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q, ArchClass cls) {
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
   // A persistent grid: its size depends on the device and the shapes only, never on the lengths of a batch.
-  const PersistentGrids grids = persistent_grids<C>(q.get_device(), *prop);
+  const PersistentGrids grids = persistent_grids<C>(q.get_device(), *prop, cls);
   // The row tiles of the N tokens as one request: as many as equal trees make where T * G fills whole tiles.
   const int64_t even_row_tiles = static_cast<int64_t>(p.num_kv_heads) *
                                  ((static_cast<int64_t>(p.num_tokens) * p.group + C::kBlockM - 1) / C::kBlockM);
@@ -128,7 +154,7 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   // log-sum-exps, each CTA's schedule, then the arrival counters of each row tile's slices. Only the counters
   // need zeros, from a kernel of their own each call, where a persistent buffer would be an untracked live
   // allocation in a captured graph's pool. Sizes in floats; every part starts on a 16-byte boundary (BLOCK_M
-  // is a multiple of 64).
+  // is a multiple of 32).
   const int64_t partial_floats = slots * C::kBlockM * (C::kDv / 2 + 1);
   const int64_t schedule_floats = static_cast<int64_t>(grid) * kScheduleArrays * (p.batch + 1) * 2;  // 2 floats a word
   const int64_t counters = row_tiles * TreeVerifyCta<C>::kSlices;
@@ -142,58 +168,69 @@ void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q) {
   zero_split_counters(p.row_tile_counters, counters, stream);
   p.min_units_per_cta = kMinUnitsPerCta;
 
-  // Launched while the zeroing runs where the device can (sm_90 and later): the kernel waits for it before
-  // its first arrival. Everything else it reads was written before the zeroing kernel started.
+  // Launched while the zeroing runs where the class can (programmatic dependent launch): the kernel waits for it
+  // before its first arrival. Everything else it reads was written before the zeroing kernel started.
   cudaLaunchAttribute attrs[2] = {};
   attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attrs[0].val.programmaticStreamSerializationAllowed = 1;
   attrs[1] = cluster_attribute<C>();
+  const bool programmatic = limits_of(cls).programmatic_launch && prop->major >= 9;
   const cudaLaunchConfig_t config =
-      kernel_config<C>(grid, attrs, prop->major < 9 ? 0 : p.cluster_pairs ? 2 : 1, stream);
+      kernel_config<C>(grid, attrs, !programmatic ? 0 : p.cluster_pairs ? 2 : 1, stream);
   C10_CUDA_CHECK(cudaLaunchKernelEx(&config, tree_verify_attention_kernel<C>, p));
 }
 
-// The sm_90a wgmma kernels run on Hopper (sm_90) unless KDTREE_OPS_PORTABLE_MMA=1 asks for the portable
+// The wgmma kernels run where the class has them (sm_90a) unless KDTREE_OPS_PORTABLE_MMA=1 asks for the portable
 // mma.sync path there (the GPU tests run both; prefers_wgmma, heuristics.h). Read at each launch: a host-side
 // getenv, no device work.
-inline bool use_wgmma(int device) {
-  const cudaDeviceProp* prop = at::cuda::getDeviceProperties(device);
-  if (!prefers_wgmma(*prop)) return false;
+inline bool use_wgmma(ArchClass cls) {
+  if (!prefers_wgmma(cls)) return false;
   const char* portable = std::getenv("KDTREE_OPS_PORTABLE_MMA");
   return portable == nullptr || portable[0] == '\0' || portable[0] == '0';
 }
-inline bool use_wgmma(const at::Tensor& q) { return use_wgmma(q.get_device()); }
 
-// bf16 or fp16 instance of a head-dim family, on the wgmma or the portable path. On the wgmma path, batches
-// of short trees (at most 64 packed rows per request on average: a function of the shapes, so one captured
-// graph always takes the same kernel) take the narrow configuration (use_narrow_wgmma, heuristics.h).
-template <template <typename> class Portable, template <typename> class Wgmma,
-          template <typename> class WgmmaNarrow = Wgmma>
-void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q) {
-  const bool bf16 = q.scalar_type() == at::kBFloat16;
-  if (!use_wgmma(q)) {
-    if (bf16) launch_tree_verify<Portable<__nv_bfloat16>>(p, q);
-    else launch_tree_verify<Portable<__half>>(p, q);
-  } else if (use_narrow_wgmma(p.num_tokens, p.group, p.batch)) {
-    if (bf16) launch_tree_verify<WgmmaNarrow<__nv_bfloat16>>(p, q);
-    else launch_tree_verify<WgmmaNarrow<__half>>(p, q);
-  } else {
-    if (bf16) launch_tree_verify<Wgmma<__nv_bfloat16>>(p, q);
-    else launch_tree_verify<Wgmma<__half>>(p, q);
+// Calls visit(std::type_identity<Config>{}) with the configuration family F takes for a call: the class's portable
+// one, or on the wgmma path the wide or narrow one (use_narrow_wgmma, heuristics.h: short trees, a function of the
+// shapes, so one captured graph always takes the same kernel); bf16 or fp16; over a cache of q's dtype or fp8.
+template <class F, class Visit>
+auto visit_family_config(ArchClass cls, bool wgmma, bool narrow, bool bf16, bool fp8, Visit&& visit) {
+  auto cache = [&](auto config) {
+    using C = typename decltype(config)::type;
+    return fp8 ? visit(std::type_identity<typename C::WithFp8Cache>{}) : visit(config);
+  };
+  auto dtype = [&]<template <typename> class Config>() {
+    return bf16 ? cache(std::type_identity<Config<__nv_bfloat16>>{}) : cache(std::type_identity<Config<__half>>{});
+  };
+  if (wgmma) return narrow ? dtype.template operator()<F::template SmWgmmaNarrow>()
+                           : dtype.template operator()<F::template SmWgmma>();
+  switch (cls) {
+    case ArchClass::kSm80: return dtype.template operator()<F::template Sm80Portable>();
+    case ArchClass::k99KB: return dtype.template operator()<F::template Kb99Portable>();
+    default: return dtype.template operator()<F::template Sm90aPortable>();
   }
+}
+
+// Launches family F for a validated call (bf16 or fp16 by q's dtype; `fp8`: the caches are fp8).
+template <class F>
+void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q, bool fp8) {
+  const ArchClass cls = launch_class(q.get_device());
+  visit_family_config<F>(cls, use_wgmma(cls), use_narrow_wgmma(p.num_tokens, p.group, p.batch),
+                         q.scalar_type() == at::kBFloat16, fp8,
+                         [&](auto config) { launch_tree_verify<typename decltype(config)::type>(p, q, cls); });
 }
 
 // launch_tree_verify_family's blocker: why some configuration it may choose on `device` cannot launch there
 // ("" when every one can). Each family's translation unit exports it (tree_verify_families.h).
-template <template <typename> class Portable, template <typename> class Wgmma,
-          template <typename> class WgmmaNarrow = Wgmma>
-std::string family_blocker(int device, bool bf16) {
-  auto first = [](std::string a, std::string b) { return a.empty() ? b : a; };
-  if (!use_wgmma(device))
-    return bf16 ? launch_blocker<Portable<__nv_bfloat16>>(device) : launch_blocker<Portable<__half>>(device);
-  if (bf16)
-    return first(launch_blocker<Wgmma<__nv_bfloat16>>(device), launch_blocker<WgmmaNarrow<__nv_bfloat16>>(device));
-  return first(launch_blocker<Wgmma<__half>>(device), launch_blocker<WgmmaNarrow<__half>>(device));
+template <class F>
+std::string family_blocker(int device, bool bf16, bool fp8) {
+  const ArchClass cls = launch_class(device);
+  auto blocker = [&](bool narrow) {
+    return visit_family_config<F>(cls, use_wgmma(cls), narrow, bf16, fp8, [&](auto config) {
+      return launch_blocker<typename decltype(config)::type>(device, cls);
+    });
+  };
+  const std::string wide = blocker(false);
+  return !wide.empty() || !use_wgmma(cls) ? wide : blocker(true);
 }
 
 }  // namespace kdtree::cuda

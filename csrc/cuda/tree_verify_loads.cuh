@@ -11,7 +11,7 @@ template <class C>
 __device__ void TreeVerifyCta<C>::load_q(const RequestInfo& r, int h, int m0) {
   // A division by the group per row, not per chunk: this code runs once per segment, with a cold instruction
   // cache, so its length is its time.
-  copy_rows<C::kBlockM, C::kChunksQK, C::kMathThreads>(
+  copy_rows<C::kBlockM, C::kChunksQK, C::kMathThreads, false>(
       [&](int row) -> const T* {
         const int packed = m0 + row;
         if (packed >= r.rows) return nullptr;
@@ -26,6 +26,9 @@ __device__ auto TreeVerifyCta<C>::key_rows(const RequestInfo& r, int h, int j) c
   if (j >= r.kv_len) return {nullptr, nullptr};
   if (p.k_draft == nullptr || j < r.prefix_len) {
     const int64_t s = slot(r.kv_start + j);
+    if constexpr (C::kFp8Cache)  // byte rows, tagged (fp8_cache.cuh)
+      return {tag_fp8_row<T>(static_cast<const uint8_t*>(p.k_cache) + s * p.k_row_stride + h * p.k_head_stride),
+              tag_fp8_row<T>(static_cast<const uint8_t*>(p.v_cache) + s * p.v_row_stride + h * p.v_head_stride)};
     return {static_cast<const T*>(p.k_cache) + s * p.k_row_stride + h * p.k_head_stride,
             static_cast<const T*>(p.v_cache) + s * p.v_row_stride + h * p.v_head_stride};
   }
@@ -43,7 +46,7 @@ __device__ void TreeVerifyCta<C>::load_kv(int stage, bool v_from_k) {
 }
 
 template <class C>
-template <int kRows, int kChunks, int kCopiers, class RowSource>
+template <int kRows, int kChunks, int kCopiers, bool kKv, class RowSource>
 __device__ __forceinline__ void TreeVerifyCta<C>::copy_rows(RowSource row_source, T* dst, int copier) {
   constexpr int kRowsPerPass = kCopiers / 8;
   static_assert(kRows % kRowsPerPass == 0 && kRowsPerPass % 8 == 0 && kChunks % 8 == 0,
@@ -68,6 +71,15 @@ __device__ __forceinline__ void TreeVerifyCta<C>::copy_rows(RowSource row_source
     for (int b = 0; b < kBatch; ++b) {
       const int row = row0 + (pass0 + b) * kRowsPerPass;
       const bool valid = src[b] != nullptr;
+      if constexpr (C::kFp8Cache && kKv) {
+        if (valid && is_fp8_row(src[b])) {  // 8 bytes into each chunk's first half; widened once landed
+          const uint8_t* const bytes = fp8_row_bytes(src[b]) + q * 8;
+#pragma unroll
+          for (int block = 0; block < kChunks / 8; ++block)
+            cp_async_8(dst + block * kRows * 64 + row * 64 + position * 8, bytes + block * 64);
+          continue;
+        }
+      }
       // A missing row (zeros) reads nothing, from the same offsets of q's first row.
       const T* const from = (valid ? src[b] : dst_fallback()) + q * 8;
 #pragma unroll
@@ -82,16 +94,48 @@ __device__ __forceinline__ void TreeVerifyCta<C>::copy_rows(RowSource row_source
 }
 
 template <class C>
+template <int kRows, int kChunks, int kCopiers, class RowSource>
+__device__ __forceinline__ void TreeVerifyCta<C>::widen_rows(RowSource row_source, T* dst, int copier, float scale) {
+  constexpr int kRowsPerPass = kCopiers / 8;
+  const int q = copier % 8, row0 = copier / 8;
+  const int position = (q ^ row0) & 7;
+  // Rolled: the gathering warpgroup has few registers (kLoadRegs), and a row's chunks are independent enough.
+#pragma unroll 1
+  for (int pass = 0; pass < kRows / kRowsPerPass; ++pass) {
+    const int row = row0 + pass * kRowsPerPass;
+    const T* const src = row_source(row);
+    if (src == nullptr || !is_fp8_row(src)) continue;
+#pragma unroll
+    for (int block = 0; block < kChunks / 8; ++block)
+      widen_fp8_chunk(dst + block * kRows * 64 + row * 64 + position * 8, p.kv_fp8_e5m2, scale);
+  }
+}
+
+template <class C>
 __device__ void TreeVerifyCta<C>::load_v_over_k(const RequestInfo& r, int h, int kt, T* k_tile) {
   __syncthreads();  // every warp is done reading K
   for (int i = tid; i < C::kBlockN * C::kChunksV; i += C::kMathThreads) {
     const int row = i / C::kChunksV, chunk = i % C::kChunksV;
     const T* src = key_rows(r, h, kt * C::kBlockN + row).v;
+    if constexpr (C::kFp8Cache) {
+      if (src != nullptr && is_fp8_row(src)) {
+        cp_async_8(k_tile + swizzle(row, chunk, C::kBlockN) * 8, fp8_row_bytes(src) + chunk * 8);
+        continue;
+      }
+    }
     cp_async_16(k_tile + swizzle(row, chunk, C::kBlockN) * 8, src != nullptr ? src + chunk * 8 : dst_fallback(),
                 src != nullptr);
   }
   cp_async_commit();
   cp_async_wait<0>();
+  if constexpr (C::kFp8Cache) {  // this thread's own chunks, widened once they landed (fp8_cache.cuh)
+    for (int i = tid; i < C::kBlockN * C::kChunksV; i += C::kMathThreads) {
+      const int row = i / C::kChunksV, chunk = i % C::kChunksV;
+      const T* src = key_rows(r, h, kt * C::kBlockN + row).v;
+      if (src != nullptr && is_fp8_row(src))
+        widen_fp8_chunk(k_tile + swizzle(row, chunk, C::kBlockN) * 8, p.kv_fp8_e5m2, p.v_scale);
+    }
+  }
   if constexpr (C::kWgmma) fence_proxy_async();
   __syncthreads();
 }
@@ -153,8 +197,12 @@ __device__ __forceinline__ void TreeVerifyCta<C>::produce(const Segment& sg, int
     load_rows<kV ? C::kChunksV : C::kChunksQK, kCopiers>(rows, tiles + buf * kTileElems, copier);
     cp_async_commit();
     rows_of(kt + 1, next);
-    // This copier's copies landed: visible to wgmma, announced on `full`.
+    // This copier's copies landed (fp8 rows widened in place): visible to wgmma, announced on `full`.
     cp_async_wait<0>();
+    if constexpr (C::kFp8Cache)
+      widen_rows<C::kBlockN, kV ? C::kChunksV : C::kChunksQK, kCopiers>([&](int row) { return rows[row]; },
+                                                                         tiles + buf * kTileElems, copier,
+                                                                         kV ? p.v_scale : p.k_scale);
     fence_proxy_async();
     mbarrier_arrive(full + buf);
   }

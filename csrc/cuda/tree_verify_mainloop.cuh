@@ -27,8 +27,19 @@ __device__ inline void TreeVerifyCta<C>::run_tiles(const RequestInfo& r, int h, 
   for (int kt = kt0; kt < kt1; ++kt) {
     const int stage = (kt - kt0) % C::kStages;
     cp_async_wait<C::kStages - 2>();
+    if constexpr (C::kFp8Cache) {  // each thread widens the fp8 rows it copied (fp8_cache.cuh)
+      const T* const* k_rows = sKRow + stage * C::kBlockN;
+      widen_rows<C::kBlockN, C::kChunksQK, C::kMathThreads>([&](int row) { return k_rows[row]; },
+                                                            sK + stage * (C::kBlockN * C::kDqk), tid, p.k_scale);
+      if constexpr (C::kVTile) {
+        const T* const* v_rows = sVRow + stage * C::kBlockN;
+        if (!v_from_k(r, kt))
+          widen_rows<C::kBlockN, C::kChunksV, C::kMathThreads>([&](int row) { return v_rows[row]; },
+                                                               sV + stage * (C::kBlockN * C::kDv), tid, p.v_scale);
+      }
+    }
     if constexpr (C::kWgmma) fence_proxy_async();  // wgmma reads the landed tile through the async proxy
-    __syncthreads();  // tile kt landed for everyone; everyone is done with tile kt - 1
+    __syncthreads();  // tile kt landed (and widened) for everyone; everyone is done with tile kt - 1
     {
       const int next = kt + C::kStages - 1;
       if (next < kt1) load_kv((next - kt0) % C::kStages, v_from_k(r, next));
@@ -81,6 +92,12 @@ __device__ inline void TreeVerifyCta<C>::compute_tile(const RequestInfo& r, int 
         ldmatrix_x4(b, k_tile + swizzle(key, kk * 2 + ((lane >> 3) & 1), C::kBlockN) * 8);
         mma_16816<T>(s[2 * nj], a, b[0], b[1]);
         mma_16816<T>(s[2 * nj + 1], a, b[2], b[3]);
+      }
+      if constexpr (NS % 2 == 1) {  // a last single n-tile of 8 keys (8 keys a warp: the 99 KB class's MLA)
+        uint32_t b[2];
+        const int key = wn * C::kKeysPerWarp + (NS - 1) * 8 + (lane & 7);
+        ldmatrix_x2(b, k_tile + swizzle(key, kk * 2 + ((lane >> 3) & 1), C::kBlockN) * 8);
+        mma_16816<T>(s[NS - 1], a, b[0], b[1]);
       }
     }
   }

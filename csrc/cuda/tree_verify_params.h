@@ -34,6 +34,11 @@ struct TreeVerifyParams {
   int group;         // Hq / Hkv: query heads packed into the rows of one KV head's tile
   int batch;         // B
 
+  // fp8 caches (configurations with kFp8Cache): a cache row's key / value is its stored value times k_scale /
+  // v_scale; e5m2 or e4m3 storage. Draft rows (k_draft/v_draft) are never scaled.
+  float k_scale, v_scale;
+  bool kv_fp8_e5m2;
+
   float scale_log2;  // sm_scale * log2(e): scores go straight into exp2
   float sm_scale;
   float logit_cap;   // > 0: score = cap * tanh(score * sm_scale / cap)

@@ -173,12 +173,22 @@ __device__ void TreeVerifyCta<C>::merge_slices(const Segment& sg, int m0, uint32
   // thread copies what it adds (cp.async), its chunks and the 16 bytes that hold its row's log-sum-exp (into
   // a slot of its own in the Q buffer), so it waits only for its own copies, with no barrier, and holds no loads
   // in registers (with the loads in registers, ptxas spilled in the tile loop).
-  constexpr int kPartElems = kRows * C::kDv, kRing = 4;
-  static_assert((C::kBlockM * C::kDv + kRing * kPartElems) * sizeof(T) <= C::kStages * (C::kKBytes + C::kVBytes),
-                "the staged tile and the ring fit in the K/V buffers");
-  static_assert(kRing * C::kMathThreads * 16 <= C::kQBytes && kRows % 4 == 0, "a log-sum-exp slot per thread");
-  T* ring = sK + C::kBlockM * C::kDv;
-  float4* lse = reinterpret_cast<float4*>(sQ) + tid;  // part j's slot: lse[(j % kRing) * kMathThreads]
+  constexpr int kPartElems = kRows * C::kDv;
+  // The ring of parts: behind the staged tile in the K/V buffers, four parts (two where only two fit: the 99 KB
+  // class's MLA); where not even two fit there (sm_80's MLA, without V tiles), in the Q buffer with the log-sum-exp
+  // slots behind it, as many parts as fit (three).
+  constexpr size_t kKvBytes = C::kStages * (C::kKBytes + C::kVBytes), kStaged = C::kBlockM * C::kDv * sizeof(T);
+  constexpr size_t kPartBytes = kPartElems * sizeof(T), kLseBytes = C::kMathThreads * 16;
+  constexpr bool kRingInKv = kStaged + 2 * kPartBytes <= kKvBytes;
+  constexpr int kRing = kRingInKv ? (kStaged + 4 * kPartBytes <= kKvBytes ? 4 : 2)
+                                  : (4 * (kPartBytes + kLseBytes) <= C::kQBytes ? 4 : 3);
+  static_assert(kRingInKv ? kStaged + kRing * kPartBytes <= kKvBytes && kRing * kLseBytes <= C::kQBytes
+                          : kStaged <= kKvBytes && kRing * (kPartBytes + kLseBytes) <= C::kQBytes,
+                "the staged tile, the ring and the log-sum-exp slots fit");
+  static_assert(kRows % 4 == 0, "a row's log-sum-exp in one 16-byte slot");
+  T* ring = kRingInKv ? sK + C::kBlockM * C::kDv : sQ;
+  // Part j's log-sum-exps: lse[(j % kRing) * kMathThreads], a slot a thread, in the Q buffer (behind the ring there).
+  float4* lse = reinterpret_cast<float4*>(kRingInKv ? sQ : sQ + kRing * kPartElems) + tid;
   const int parts = __popc(slices) * pieces;
   auto slice_of = [&](int j) {  // the (j / pieces)-th set bit of `slices`
     uint32_t rest = slices;

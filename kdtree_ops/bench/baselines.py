@@ -10,9 +10,10 @@ attention of the case into a buffer allocated by prepare and returns it (so it c
                  skip_prefix_custom_mask=True, ...)` — kv_indptr/kv_indices the prefix slots, k/v_extend the
                  draft tokens' K/V, custom_mask the flat FULL_MASK (request b: [T_b, L_b + T_b] bool at
                  mask_indptr[b]); for MLA q [N,H,576], k [N,1,576], v [N,1,512], k_buffer the latent pool and
-                 v_buffer its [..., :512] view;
+                 v_buffer its [..., :512] view; an fp8 pool with its k_scale/v_scale as SGLang passes them;
 - torch_sdpa:    gather each request's prefix K/V from the pool, append the draft K/V, and run
-                 F.scaled_dot_product_attention with a dense bool mask [B, 1, T, L + T] (uniform T and L).
+                 F.scaled_dot_product_attention with a dense bool mask [B, 1, T, L + T] (uniform T and L); caches in
+                 q's dtype only.
 
 All take cases with separate draft K/V (workloads.py).
 """
@@ -54,7 +55,7 @@ def _prepare_kdtree(case) -> Callable[[], torch.Tensor]:
     out = torch.empty(ops.attention_output_shape(case.q, case.v_cache), dtype=case.q.dtype, device=case.q.device)
 
     def call():
-        ops.tree_verify_attention_out(*case.args(), out=out)
+        ops.tree_verify_attention_out(*case.scaled_args(), out=out)
         return out
 
     return call
@@ -75,7 +76,7 @@ def _prepare_sglang_triton(case) -> Callable[[], torch.Tensor]:
     def call():
         extend_attention_fwd(
             case.q, k_extend, v_extend, out, case.k_cache, case.v_cache, case.qo_indptr, case.kv_indptr,
-            case.kv_indices, custom_mask, False, mask_indptr, max_len_extend, 1.0, 1.0,
+            case.kv_indices, custom_mask, False, mask_indptr, max_len_extend, case.k_scale, case.v_scale,
             sm_scale=case.sm_scale, logit_cap=case.logit_cap, skip_prefix_custom_mask=True,
         )
         return out
@@ -85,6 +86,9 @@ def _prepare_sglang_triton(case) -> Callable[[], torch.Tensor]:
 
 def _prepare_torch_sdpa(case) -> Callable[[], torch.Tensor]:
     import torch.nn.functional as F
+
+    if case.k_cache.dtype != case.q.dtype:
+        raise ValueError("the SDPA baseline takes caches in q's dtype")
 
     from ..testing.trees import ancestor_matrix
 

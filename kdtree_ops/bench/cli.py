@@ -2,7 +2,9 @@
 
 For each workload: build the inputs (bf16, random DDTree-like trees, fragmented slots), compute the float64
 reference, check each implementation against it (relative L2 error < 1e-2, no non-finite output), then
-time it (timing.py) and compare with the floor (floor.py) from ceilings measured at the start of the run.
+time it (timing.py) and compare with the floor (floor.py) from ceilings measured at the start of the run; then
+the fp8 column: the same over an e4m3 cache with a scale (kdtree and SGLang's Triton kernel, which read fp8 pools),
+its floor counting one byte per cached element.
 An implementation that fails the check is still timed and marked ✗; one that raises is reported with its
 error. Exit status 0 when kdtree ran and passed on every selected workload, else 1 (2: no CUDA).
 """
@@ -20,6 +22,7 @@ import torch
 __all__ = ["main"]
 
 REL_L2_TOLERANCE = 1e-2  # bf16 inputs and output: ~4e-3 expected from rounding alone
+FP8_IMPLEMENTATIONS = ("kdtree", "sglang_triton")  # the ones that read fp8 pools
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,6 +33,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="comma-separated implementations (default: all available)")
     p.add_argument("--samples", type=int, default=30, help="timing samples per implementation (median taken)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-fp8", dest="fp8", action="store_false",
+                   help="skip the fp8 column (each workload again over an e4m3 cache)")
     p.add_argument("--ddtree", action="store_true", help="the DDTree round's build/accept ops instead (bench/ddtree.py)")
     return p
 
@@ -59,19 +64,13 @@ def _errors(out: torch.Tensor, ref: torch.Tensor) -> dict:
     return {"rel_l2": rel, "max_abs": max_abs, "finite": finite, "correct": finite and rel < REL_L2_TOLERANCE}
 
 
-def _run_workload(w, impls, ceilings, args) -> dict:
-    from ..testing.reference import tree_verify_attention_reference
+def _run_impls(case, impls, floor, ref, args) -> dict:
+    """{impl: {errors, timing, pct_of_floor} or {error}} for one case."""
     from .baselines import IMPLEMENTATIONS
-    from .floor import floor_us
     from .timing import rotation_sets, time_calls
 
-    t0 = time.monotonic()
-    case = w.case(device="cuda", seed=args.seed)
-    floor = floor_us(case, ceilings["read_bytes_per_s"], ceilings["matmul_flops_per_s"])
-    ref = tree_verify_attention_reference(*case.args())
     sets = [case] + [_clone_inputs(case) for _ in range(rotation_sets(floor["bytes"]) - 1)]
-    record = {"name": w.name, "shape": w.shape, "workload": dataclasses.asdict(w), "floor": floor,
-              "input_sets": len(sets), "impls": {}}
+    results = {}
     for impl in impls:
         entry: dict = {}
         try:
@@ -84,16 +83,44 @@ def _run_workload(w, impls, ceilings, args) -> dict:
             entry["error"] = f"{type(e).__name__}: {e}"
             entry["correct"] = False
             traceback.print_exc()
-        record["impls"][impl] = entry
+        results[impl] = entry
         del entry
         torch.cuda.synchronize()
-    del sets, case, ref
-    torch.cuda.empty_cache()
-    cells = ", ".join(
+    results["input_sets"] = len(sets)
+    return results
+
+
+def _cells(impls: dict) -> str:
+    return ", ".join(
         f"{i} {e['median_us']:.1f} µs{'' if e.get('correct') else ' ✗'}" if "median_us" in e else f"{i} ERROR"
-        for i, e in record["impls"].items())
-    print(f"[bench] {w.name} ({w.shape}): floor {floor['floor_us']:.1f} µs ({floor['bound']}); {cells}"
-          f"  [{time.monotonic() - t0:.0f} s]", flush=True)
+        for i, e in impls.items())
+
+
+def _run_workload(w, impls, ceilings, args) -> dict:
+    from ..testing.reference import tree_verify_attention_reference
+    from .floor import floor_us
+
+    t0 = time.monotonic()
+    record = {"name": w.name, "shape": w.shape, "workload": dataclasses.asdict(w)}
+    # bf16 caches, then (the fp8 column) the same workload over an e4m3 cache with its scale: every implementation
+    # that reads fp8 pools, each checked against the float64 reference on the dequantized cache.
+    for kv_dtype, label in ((None, "bf16"), (torch.float8_e4m3fn, "fp8")):
+        if label == "fp8" and not args.fp8:
+            continue
+        case = w.case(device="cuda", seed=args.seed, kv_dtype=kv_dtype)
+        floor = floor_us(case, ceilings["read_bytes_per_s"], ceilings["matmul_flops_per_s"])
+        ref = tree_verify_attention_reference(*case.scaled_args())
+        chosen = impls if label == "bf16" else [i for i in impls if i in FP8_IMPLEMENTATIONS]
+        timed = _run_impls(case, chosen, floor, ref, args)
+        part = {"floor": floor, "input_sets": timed.pop("input_sets"), "impls": timed}
+        if label == "bf16":
+            record.update(part)
+        else:
+            record["fp8"] = dict(part, kv_dtype="float8_e4m3fn", scale=case.k_scale)
+        del case, ref
+        torch.cuda.empty_cache()
+        print(f"[bench] {w.name} {label} ({w.shape}): floor {floor['floor_us']:.1f} µs ({floor['bound']}); "
+              f"{_cells(timed)}  [{time.monotonic() - t0:.0f} s]", flush=True)
     return record
 
 
@@ -137,6 +164,6 @@ def main(argv: list[str] | None = None) -> int:
     written = write_report(results, args.out)
     print(markdown_table(results))
     print("[bench] wrote " + ", ".join(written.values()), flush=True)
-    ok = all("median_us" in r["impls"].get("kdtree", {}) and r["impls"]["kdtree"].get("correct")
-             for r in records) and "kdtree" in impls
+    ok = all("median_us" in part["impls"].get("kdtree", {}) and part["impls"]["kdtree"].get("correct")
+             for r in records for part in (r, r.get("fp8", r))) and "kdtree" in impls
     return 0 if ok else 1

@@ -77,6 +77,22 @@ def markdown_table(results: dict) -> str:
         row += [f"{times[b] / k:.1f}" if k and times[b] else "—" for b in baselines]
         row.append(f"{100 * w['floor']['floor_us'] / k:.0f} %" if k else "—")
         lines.append("| " + " | ".join(row) + " |")
+    fp8_rows = [w for w in results["workloads"] if "fp8" in w]
+    if fp8_rows:
+        lines += ["", "fp8 KV cache (e4m3, one scale for K and V; the floor counts a byte per cached element):", "",
+                  "| workload | fp8 floor µs | kdtree fp8 µs | sglang_triton fp8 µs | × vs sglang_triton fp8 | "
+                  "kdtree bf16 / fp8 | % of fp8 floor |", "|---|---|---|---|---|---|---|"]
+        for w in fp8_rows:
+            f8 = w["fp8"]
+            t8 = {i: (f8["impls"].get(i) or {}).get("median_us") for i in ("kdtree", "sglang_triton")}
+            ok = {i: "" if (f8["impls"].get(i) or {}).get("correct", True) else " ✗" for i in t8}
+            k8, k16 = t8["kdtree"], (w["impls"].get("kdtree") or {}).get("median_us")
+            lines.append("| " + " | ".join([
+                w["name"], f"{_fmt_us(f8['floor']['floor_us'])} ({f8['floor']['bound'][:3]})",
+                _fmt_us(k8) + ok["kdtree"], _fmt_us(t8["sglang_triton"]) + ok["sglang_triton"],
+                f"{t8['sglang_triton'] / k8:.1f}" if k8 and t8["sglang_triton"] else "—",
+                f"{k16 / k8:.2f}" if k8 and k16 else "—",
+                f"{100 * f8['floor']['floor_us'] / k8:.0f} %" if k8 else "—"]) + " |")
     env, ceil = results["environment"], results["ceilings"]
     lines += [
         "",

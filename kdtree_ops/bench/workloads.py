@@ -12,7 +12,11 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["Workload", "WORKLOADS", "select"]
+__all__ = ["Workload", "WORKLOADS", "select", "FP8_SCALE"]
+
+# The fp8 column's cache scale: unit-variance values stored at up to ~20 (e4m3 holds 448), not a power of two, so
+# that the kernels' multiply by it rounds as a checkpoint's scale would.
+FP8_SCALE = 0.23
 
 
 @dataclass(frozen=True)
@@ -32,9 +36,14 @@ class Workload:
         return (f"{self.kind} {self.num_q_heads}/{self.num_kv_heads} {self.head_dim_qk}/{self.head_dim_v} "
                 f"B={self.batch} T={self.tree} L={self.prefix}")
 
-    def case(self, *, device="cuda", dtype=torch.bfloat16, seed: int = 0):
-        """The workload's inputs as a `kdtree_ops.testing.cases.VerifyCase` (built on the CPU, moved to `device`)."""
+    def case(self, *, device="cuda", dtype=torch.bfloat16, seed: int = 0, kv_dtype=None):
+        """The workload's inputs as a `kdtree_ops.testing.cases.VerifyCase` (built on the CPU, moved to `device`).
+
+        kv_dtype: an fp8 dtype for the fp8 column (the caches hold the values over FP8_SCALE, times it when
+        read; one scale for K and V, as SGLang's MLA pools have); None: caches in `dtype`."""
         from ..testing.cases import make_verify_case
+
+        scale = FP8_SCALE if kv_dtype is not None else 1.0
 
         return make_verify_case(
             tree_sizes=[self.tree] * self.batch,
@@ -48,6 +57,9 @@ class Workload:
             draft_mode="separate",
             layout="mla" if self.kind == "MLA" else "contiguous",
             generator=torch.Generator().manual_seed(seed),
+            kv_dtype=kv_dtype,
+            k_scale=scale,
+            v_scale=scale,
         )
 
 

@@ -1,0 +1,158 @@
+"""fp8 KV caches on CUDA (GQA and MLA, e4m3 and e5m2): every kernel path against the float64 reference on the
+dequantized cache, beside SGLang's Triton fp8 path on the same inputs.
+
+The kernels land an fp8 cache row as bytes and widen it in place to q's dtype, times its scale, rounded once
+(csrc/cuda/fp8_cache.cuh): the tile then holds what a cache of q's dtype holding the dequantized values would, so the
+CUDA tolerances of test_cuda_numerics apply (the reference dequantizes exactly, so the widening's rounding is inside
+them: 2^-9 relative in bf16). Draft rows (k_draft/v_draft) are in q's dtype and unscaled. A forgotten scale is off by
+|1 - scale| >= 0.2, a scale on the draft rows likewise: both fail.
+
+Paths: on the H200 the wide and narrow wgmma GQA kernels, the paired MLA kernel (V read from the K tile) and the
+key-split one (V apart from K, or a v_scale other than k_scale), and with KDTREE_OPS_PORTABLE_MMA=1 the mma.sync
+kernels; the GPU suite runs this file again under each emulated architecture class.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kdtree_ops.testing.cases import make_verify_case
+from kdtree_ops.testing.reference import tree_verify_attention_reference
+from requires import require
+from test_cuda_numerics import TOLERANCES
+
+pytestmark = pytest.mark.cuda
+
+FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
+DTYPES = [torch.bfloat16, torch.float16]
+# (k_scale, v_scale): apart from 1 and from each other, not powers of two (so the widening's multiply rounds).
+SCALES = (0.05, 0.3)
+
+
+def gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def fp8_case(kv_dtype, dtype=torch.bfloat16, scales=SCALES, seed=0, **kwargs):
+    base = dict(dtype=dtype, kv_dtype=kv_dtype, k_scale=scales[0], v_scale=scales[1], device="cuda",
+                generator=gen(seed))
+    base.update(kwargs)
+    return make_verify_case(**base)
+
+
+def relative_error(got: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((got.double() - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+def check(ops, case, tol=None):
+    """Both ops (the _out one into a NaN-poisoned buffer) against the reference; returns (out, relative error)."""
+    dtype = case.q.dtype
+    tol = tol or TOLERANCES[dtype]
+    ref = tree_verify_attention_reference(*case.scaled_args())
+    out = torch.full(ref.shape, float("nan"), dtype=dtype, device="cuda")
+    ops.tree_verify_attention_out(*case.scaled_args(), out=out)
+    functional = ops.tree_verify_attention(*case.scaled_args())
+    torch.cuda.synchronize()
+    for name, got in (("tree_verify_attention_out", out), ("tree_verify_attention", functional)):
+        assert torch.isfinite(got).all(), f"{name}: non-finite output (unwritten rows of the poisoned buffer?)"
+        rel = relative_error(got, ref)
+        max_abs = (got.double() - ref).abs().max().item() if ref.numel() else 0.0
+        assert rel < tol["rel_l2"] and max_abs < tol["max_abs"], (
+            f"{name}: relative L2 error {rel:.3g} (allowed {tol['rel_l2']}), max abs {max_abs:.3g} "
+            f"(allowed {tol['max_abs']}), {case.k_cache.dtype}, trees {case.tree_sizes[:6]}")
+    assert torch.count_nonzero(out[sum(case.tree_sizes):]) == 0, "padding rows past qo_indptr[B] must be zeros"
+    return out, relative_error(out, ref)
+
+
+@pytest.mark.parametrize("path", ["default", "portable"])
+@pytest.mark.parametrize("draft_mode", ["cache", "separate"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_fp8_gqa(ops, head_dim, kv_dtype, dtype, draft_mode, path, monkeypatch):
+    """Requests of 1, 37, 64 and 0 tokens over prefixes of 300, 0, 129, 50 (the wide wgmma kernel by default)."""
+    if path == "portable":
+        monkeypatch.setenv("KDTREE_OPS_PORTABLE_MMA", "1")
+    case = fp8_case(kv_dtype, dtype, tree_sizes=[1, 37, 64, 0], prefix_lens=[300, 0, 129, 50], num_q_heads=8,
+                    num_kv_heads=2, head_dim_qk=head_dim, head_dim_v=head_dim, draft_mode=draft_mode,
+                    pad_rows=3, extra_slots=5, seed=head_dim)
+    check(ops, case)
+
+
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_fp8_gqa_short_trees(ops, head_dim, kv_dtype):
+    """Short trees (at most 64 packed rows a request): the narrow wgmma kernel; strided pools, int64 slots."""
+    case = fp8_case(kv_dtype, tree_sizes=[16, 16, 9], prefix_lens=[900, 40, 2000], num_q_heads=8, num_kv_heads=2,
+                    head_dim_qk=head_dim, head_dim_v=head_dim, draft_mode="separate", layout="strided",
+                    index_dtype=torch.int64, seed=head_dim + 1)
+    check(ops, case)
+
+
+@pytest.mark.parametrize("draft_mode", ["cache", "separate"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("kv_dtype", FP8, ids=str)
+@pytest.mark.parametrize("num_heads", [16, 128])
+def test_fp8_mla(ops, num_heads, kv_dtype, dtype, draft_mode):
+    """Absorbed MLA over an fp8 latent cache, V its first 512 columns, one scale (as SGLang's MLA pool has)."""
+    case = fp8_case(kv_dtype, dtype, scales=(0.07, 0.07), tree_sizes=[64, 0, 17], prefix_lens=[1000, 5, 0],
+                    num_q_heads=num_heads, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, layout="mla",
+                    draft_mode=draft_mode, pad_rows=2, seed=num_heads)
+    assert case.v_cache.data_ptr() == case.k_cache.data_ptr()
+    check(ops, case)
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
+@pytest.mark.parametrize("layout", ["mla_two_scales", "contiguous"])
+def test_fp8_mla_v_loaded_apart(ops, layout, portable, monkeypatch):
+    """V not read from the K tile: a v_scale other than k_scale on the aliased latent cache (the K tile is widened
+    with k_scale, so the kernels load V rows of their own), or V stored apart from K."""
+    if portable:
+        monkeypatch.setenv("KDTREE_OPS_PORTABLE_MMA", "1")
+    mla = layout == "mla_two_scales"
+    case = fp8_case(torch.float8_e4m3fn, scales=(0.05, 0.11), tree_sizes=[64, 9, 30], prefix_lens=[900, 0, 130],
+                    num_q_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512,
+                    layout="mla" if mla else "contiguous", draft_mode="separate", pad_rows=2, seed=57)
+    check(ops, case)
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_fp8_long_prefix_split_and_logit_cap(ops, kind):
+    """A 32k prefix split over many CTAs (partials and their merge) with logit capping."""
+    dims = dict(num_q_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_v=128, layout="contiguous") \
+        if kind == "gqa" else dict(num_q_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, layout="mla")
+    scales = SCALES if kind == "gqa" else (0.2, 0.2)
+    case = fp8_case(torch.float8_e4m3fn, scales=scales, tree_sizes=[64, 5], prefix_lens=[32768, 700],
+                    logit_cap=30.0, draft_mode="separate", seed=11, **dims)
+    check(ops, case)
+
+
+def test_fp8_unit_scales_equal_the_same_cache_in_bf16(ops):
+    """Scales of 1: the widened tile is exactly the bf16 cache of the same values, so the outputs are bit-equal."""
+    case = fp8_case(torch.float8_e4m3fn, scales=(1.0, 1.0), tree_sizes=[40, 7], prefix_lens=[600, 33],
+                    num_q_heads=16, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, draft_mode="separate", seed=3)
+    fp8_out, _ = check(ops, case)
+    case.k_cache, case.v_cache = case.k_cache.to(torch.bfloat16), case.v_cache.to(torch.bfloat16)
+    case.k_scale = case.v_scale = 1.0
+    bf16_out = ops.tree_verify_attention(*case.scaled_args())
+    assert torch.equal(fp8_out, bf16_out)
+
+
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+def test_fp8_no_worse_than_sglang_triton(ops, kind):
+    """The same fp8 inputs through SGLang's Triton extend kernel (what its backend runs for an fp8 pool): both errors
+    against the float64 reference, measured together; the op's may not be larger."""
+    require("sglang", "pip install -e '.[test,sglang]'")
+    from kdtree_ops.bench.baselines import IMPLEMENTATIONS
+
+    dims = dict(num_q_heads=32, num_kv_heads=8, head_dim_qk=128, head_dim_v=128, layout="contiguous", scales=SCALES) \
+        if kind == "gqa" else dict(num_q_heads=16, num_kv_heads=1, head_dim_qk=576, head_dim_v=512, layout="mla",
+                                   scales=(0.2, 0.2))
+    case = fp8_case(torch.float8_e4m3fn, tree_sizes=[64, 64], prefix_lens=[4096, 1000], draft_mode="separate",
+                    seed=21, **dims)
+    ref = tree_verify_attention_reference(*case.scaled_args())
+    _, ours = check(ops, case)
+    triton = relative_error(IMPLEMENTATIONS["sglang_triton"](case)(), ref)
+    print(f"fp8 {kind}: relative L2 error kdtree {ours:.3e}, SGLang Triton {triton:.3e}")
+    assert ours <= triton, f"kdtree {ours:.3e} vs SGLang Triton {triton:.3e}"

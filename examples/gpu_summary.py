@@ -1,0 +1,80 @@
+"""RESULTS_DIR/summary.md from every part of the GPU suite present there (examples/gpu_suite.sh runs it last).
+
+    python examples/gpu_summary.py RESULTS_DIR
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+
+def junit_summary(xml: Path) -> str:
+    if not xml.exists():
+        return "no junit XML (pytest did not run or did not finish)"
+    try:
+        root = ET.parse(xml).getroot()
+    except ET.ParseError as e:
+        return f"junit XML unreadable: {e}"
+    suites = [root] if root.tag == "testsuite" else list(root)
+    n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
+    passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
+    text = (f"{n['tests']} collected: **{passed} passed**, {n['failures']} failed, {n['errors']} errors, "
+            f"{n['skipped']} skipped")
+    bad = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
+           if c.find("failure") is not None or c.find("error") is not None]
+    if bad:
+        text += "\n\nFailed:\n" + "\n".join(f"- `{b}`" for b in bad[:40]) + (
+            f"\n- ... and {len(bad) - 40} more" if len(bad) > 40 else "")
+    return text
+
+
+def sanitizer_summary(log: Path) -> str:
+    text = log.read_text(errors="replace") if log.exists() else ""
+    lines = [l.strip() for l in text.splitlines() if "ERROR SUMMARY" in l or "RACECHECK SUMMARY" in l
+             or l.startswith("sanitize_case:") or "not found" in l]
+    return "; ".join(lines) if lines else "no summary line (see its log)"
+
+
+def main(out: Path) -> None:
+    lines = ["# GPU suite results", ""]
+    for env in sorted(out.glob("environment-*.txt")):
+        lines += ["```", env.read_text().strip(), "```", ""]
+    lines += ["| part | stage | status | exit | seconds |", "|---|---|---|---|---|"]
+    if (out / "stages.tsv").exists():
+        for row in csv.DictReader((out / "stages.tsv").open(), delimiter="\t"):
+            lines.append(f"| {row['part']} | {row['stage']} | {row['status']} | {row['exit']} | {row['seconds']} |")
+    lines.append("")
+    native, emulated, bench = out / "native", out / "emulated", out / "bench"
+    if native.exists():
+        lines += ["## GPU tests (native, sm_90a)", "",
+                  "`pytest compile_tests -m cuda`: " + junit_summary(native / "pytest_cuda.xml"), "",
+                  "`pytest compile_tests/test_sglang_backend_gpu.py -m 'not cuda'`: "
+                  + junit_summary(native / "pytest_sglang_gpu.xml"), "",
+                  "## compute-sanitizer (examples/sanitize_case.py)", ""]
+        lines += [f"- {tool}: {sanitizer_summary(native / f'{tool}.log')}" for tool in ("memcheck", "racecheck")]
+        lines.append("")
+    if emulated.exists():
+        lines += ["## GPU tests under emulated architecture classes (KDTREE_OPS_EMULATE_ARCH, on this sm_90 GPU)", ""]
+        for arch, name in (("80", "sm_80"), ("120", "99 KB class (sm_86, sm_89, sm_120/121)")):
+            lines.append(f"- {name}: `pytest compile_tests -m cuda`: "
+                         + junit_summary(emulated / f"pytest_cuda_sm{arch}.xml"))
+        lines.append("")
+    if bench.exists():
+        lines += ["## Benchmark (`python -m kdtree_ops.bench`)", ""]
+        table = bench / "bench" / "bench.md"
+        lines.append(table.read_text() if table.exists() else "no benchmark table (see bench/bench.log)")
+        ddtree = bench / "bench" / "ddtree.md"
+        if ddtree.exists():
+            lines += ["", "## DDTree ops (`python -m kdtree_ops.bench --ddtree`)", "", ddtree.read_text()]
+        probe = bench / "gather_probe.log"
+        if probe.exists():
+            lines += ["", "## Gather probe (`examples/gather_probe.cu`)", "", "```", probe.read_text().strip(), "```"]
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))
