@@ -18,7 +18,7 @@ from kdtree_ops import build
 
 REPO = Path(__file__).resolve().parent.parent
 OPS = ("tree_verify_attention", "tree_verify_attention_out", "tree_mask_from_parents", "tree_mask_from_dense",
-       "record_divergence")
+       "record_divergence", "ddtree_sample_targets")
 
 
 def _has_kernel(op: str, key: str) -> bool:

@@ -40,4 +40,12 @@ TORCH_LIBRARY(kdtree, m) {
   m.def(
       "ddtree_commit_kv(Tensor(a!) k_cache, Tensor(b!)? v_cache, Tensor accepted, Tensor node_slots, "
       "Tensor dest_slots) -> ()");
+
+  // The target's token after every node, drawn with noise keyed by (seed, position, vocab id) under SGLang's
+  // temperature, top-k, top-p and min-p (fakes and arguments: kdtree_ops/ddtree/sampling.py). It feeds
+  // ddtree_accept_greedy: a lossless sampled acceptance.
+  m.set_python_module("kdtree_ops.ddtree.sampling");  // for the def below
+  m.def(
+      "ddtree_sample_targets(Tensor logits, Tensor positions, Tensor temperatures, Tensor top_ks, Tensor top_ps, "
+      "Tensor min_ps, Tensor seeds) -> Tensor");
 }

@@ -23,6 +23,8 @@ constexpr VerifiedFamily kFamilies[] = {
     {"ddtree_build_tree", "", {false, false, false, false}},
     {"ddtree_accept_greedy", "", {true, false, false, false}},
     {"ddtree_commit_kv", "", {false, false, false, false}},
+    // The sampled targets of a DDTree round at temperature > 0: new source.
+    {"ddtree_sample_targets", "", {false, false, false, false}},
 };
 
 }  // namespace

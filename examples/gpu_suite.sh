@@ -16,7 +16,7 @@
 # Each part writes RESULTS_DIR/<part>/ and appends its stages to RESULTS_DIR/stages.tsv; every run rebuilds
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
 # call of 10 minutes does not hold all three) into one results folder. KDTREE_OPS_UNVERIFIED=1 is set: the suite is
-# what verifies the families not yet marked verified (csrc/cuda/gpu_verified.h). Each stage may fail without
+# what verifies the families not yet marked verified (csrc/verified_families.cpp). Each stage may fail without
 # stopping the later ones; the run keeps within KDTREE_SUITE_BUDGET_S seconds (default 560).
 set -u -o pipefail
 

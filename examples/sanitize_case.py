@@ -2,9 +2,10 @@
 
 Every CUDA kernel path is hit at least once, at shapes small enough for the sanitizers' slowdown: GQA at
 each head dim (both draft modes, strided caches, padding rows, empty requests, a long-enough prefix to split),
-MLA with v a view of k, the two mask helpers and record_divergence, and DDTree rounds (tree builds with exact score
-ties at budgets 255 to 1800 — the tie path racecheck once flagged —, greedy acceptance, a commit of the accepted rows).
-Each result is checked against its reference, so the run also fails on wrong numbers. Run:
+MLA with v a view of k, fp8 caches, the two mask helpers and record_divergence, DDTree rounds (tree builds with
+exact score ties at budgets 255 to 1800 — the tie path racecheck once flagged —, greedy acceptance, a commit of the
+accepted rows) and ddtree_sample_targets. Each result is checked against its reference (the sampled draw: against the
+CPU's), so the run also fails on wrong numbers. Run:
 
     compute-sanitizer --tool memcheck --error-exitcode 1 python examples/sanitize_case.py
 """
@@ -87,6 +88,19 @@ def main() -> int:
     failures += not helpers_ok
     print(f"{'ok  ' if helpers_ok else 'FAIL'} mask helpers (dense FULL_MASK, 1024-token chain)", flush=True)
     failures += not ddtree_rounds()
+
+    # ddtree_sample_targets: greedy and sampled rows, every filter, the shared-memory candidate list and (flat logits
+    # over 6000 tokens: more candidates than it holds) the rereading path; the CPU draws the same tokens.
+    from kdtree_ops.ddtree import SamplingParams, sample_targets
+    params = SamplingParams.of([dict(), dict(temperature=0.8, seed=1), dict(temperature=1.2, top_k=40, top_p=0.9,
+                                                                            min_p=0.01, seed=-2)])
+    for vocab, scale in ((1000, 3.0), (6000, 0.01)):
+        logits = torch.randn(3 * 5, vocab, generator=torch.Generator().manual_seed(vocab)) * scale
+        positions = torch.arange(15).view(3, 5)
+        got = sample_targets(logits.cuda(), positions.cuda(), *params.to("cuda").astuple())
+        sample_ok = torch.equal(got.cpu(), sample_targets(logits, positions, *params.astuple()))
+        failures += not sample_ok
+        print(f"{'ok  ' if sample_ok else 'FAIL'} ddtree_sample_targets V={vocab}", flush=True)
     print("sanitize_case: " + ("all ok" if failures == 0 else f"{failures} FAILED"))
     return 1 if failures else 0
 

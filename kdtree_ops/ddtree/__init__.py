@@ -2,12 +2,17 @@
 
 - `ops`: typed wrappers and fakes of ddtree_build_tree, ddtree_accept_greedy, ddtree_commit_kv (schemas in
   csrc/ops.cpp), re-exported here;
+- `sampling`: sample_targets (ddtree_sample_targets) and SamplingParams: the target's token after every node at
+  temperature > 0 with SGLang's filters and position-keyed noise, which accept_greedy then walks (lossless);
 - `reference`: their pure-Python references (heap and brute-force tree builds, greedy walk, commit);
+  `sampling_reference`: the sampled draw's, op for op;
 - `loop`: one DDTree round end to end on a toy target (draft, build, verify, accept, commit), capturable as
   one CUDA graph;
 - the SGLang speculative worker lives with the SGLang integration (kdtree_ops/sglang/).
 """
 
 from .ops import accept_greedy, accepted_slots, build_tree, build_tree_shapes, commit_kv, mask_words
+from .sampling import SamplingParams, sample_targets
 
-__all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "build_tree_shapes", "mask_words"]
+__all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "build_tree_shapes", "mask_words",
+           "sample_targets", "SamplingParams"]

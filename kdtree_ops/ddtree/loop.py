@@ -5,7 +5,9 @@ One round serves B requests, each at its own committed length (read on the devic
   2. `ddtree.build_tree`: the root (the last bonus token) and the `budget` best paths, with the ancestor mask;
   3. the target's verify forward over the trees: positions are committed length + depth, the tree's K/V go
      into its own slots, tree_verify_attention reads prefix + tree (kv_indices gathered on the device);
-  4. `ddtree.accept_greedy` against the target's argmax after every node: the accepted path, the bonus token;
+  4. the target's token after every node — its argmax, or with per-request sampling parameters (a `SamplingParams`
+     in the state; greedy and sampled requests mixed) `ddtree.sample_targets`' draw keyed by (seed, position) — and
+     `ddtree.accept_greedy` against those tokens: the accepted path, the bonus token;
   5. commit — the accepted nodes become the request's next positions:
        layout "paged" (page size 1): bookkeeping only — `ddtree.accepted_slots` go into req_to_token, and the
          tree slots they leave are replaced by fresh ones from the request's own (shuffled) slot region;
@@ -14,8 +16,8 @@ One round serves B requests, each at its own committed length (read on the devic
   6. the accepted drafts and the bonus token are appended to each request's output.
 Every tensor's shape is fixed by (B, budget, K, capacities): no .item(), no shape from values, constants made
 by kernels on the device, so on CUDA the whole round is captured into one torch.cuda.CUDAGraph
-(DDTreeGraphRunner) and replayed every step. `greedy_decode` is the plain one-token-per-step decoding the
-loop must reproduce token for token.
+(DDTreeGraphRunner) and replayed every step. `greedy_decode` (and `sample_decode` with sampling parameters) is the plain
+one-token-per-step decoding the loop must reproduce token for token.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from . import ops as ddtree
+from .sampling import SamplingParams, sample_targets
 from ..testing.toy_model import PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
 
 LAYOUTS = ("paged", "contiguous")
@@ -44,7 +47,8 @@ class DDTreeState:
     position, the last column a sink for masked writes; tree_slots [B, budget + 1] int64: where the next tree's
     nodes write their K/V; slot_pool [B, R] int64 and next_fresh [B] int64 (paged only): request b's slots and
     the first not yet handed out; generated [B, G + 1] int64 and num_generated [B] int64: the output so far (last
-    column a sink); accept_len [B] int32: the last round's accepted drafts.
+    column a sink); accept_len [B] int32: the last round's accepted drafts; sampling: each request's sampling
+    parameters ([B] tensors), or None for greedy decoding of every request.
     """
 
     seq_lens: torch.Tensor
@@ -57,6 +61,7 @@ class DDTreeState:
     generated: torch.Tensor
     num_generated: torch.Tensor
     accept_len: torch.Tensor
+    sampling: SamplingParams | None = None
 
     def clone(self) -> "DDTreeState":
         return DDTreeState(**{f.name: None if getattr(self, f.name) is None else getattr(self, f.name).clone()
@@ -67,6 +72,15 @@ class DDTreeState:
         counts = self.num_generated.tolist()
         assert max(counts) < self.generated.shape[1], "output capacity exceeded"
         return [row[:n] for row, n in zip(self.generated.tolist(), counts)]
+
+
+def target_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: SamplingParams | None) -> torch.Tensor:
+    """[B, T] int64: the target's token after each of T rows per request, logits [B*T, V] — its argmax (first
+    maximum) when `sampling` is None, else sample_targets' draw, whose noise positions [B, T] (each row's own
+    token's position) key. Greedy and sampled decoding share this, so both sides of a lossless test pick alike."""
+    if sampling is None:
+        return logits.argmax(-1).view(positions.shape)
+    return sample_targets(logits, positions, *sampling.astuple())
 
 
 def prefill(model: ToyDecoder, prompts: list[list[int]], prompt_slots: list[list[int]], cache: PagedKVCache,
@@ -84,8 +98,9 @@ class DDTreeRound:
     """One DDTree round (call it on a state and cache; it updates both in place). Host work only in `start`."""
 
     def __init__(self, model: ToyDecoder, drafter, budget: int, layout: str = "paged"):
-        """model: the target; drafter: drafter(hidden [B, H], seq_lens [B]) -> (logprobs, tokens) [B, K, k]
-        with a `block_size` K (toy_drafter.BlockDrafter); budget: draft nodes per tree; layout: LAYOUTS."""
+        """model: the target; drafter: drafter(hidden [B, H], seq_lens [B], root_tokens [B]) -> (logprobs,
+        tokens) [B, K, k] with a `block_size` K (toy_drafter.BlockDrafter); budget: draft nodes per tree;
+        layout: LAYOUTS."""
         if layout not in LAYOUTS:
             raise ValueError(f"DDTreeRound: layout must be one of {LAYOUTS}, got {layout!r}")
         if not 0 <= budget <= MAX_VERIFY_BUDGET:
@@ -95,9 +110,10 @@ class DDTreeRound:
         self.nodes = budget + 1
         self.block_size = drafter.block_size
 
-    def start(self, prompts: list[list[int]], rounds: int, dtype, device,
-              seed: int = 0) -> tuple[DDTreeState, PagedKVCache]:
-        """Prefills the prompts and returns a state and cache sized for `rounds` rounds (host work, once)."""
+    def start(self, prompts: list[list[int]], rounds: int, dtype, device, seed: int = 0,
+              sampling: SamplingParams | None = None) -> tuple[DDTreeState, PagedKVCache]:
+        """Prefills the prompts and returns a state and cache sized for `rounds` rounds (host work, once).
+        sampling: per-request parameters (on `device`), None for greedy; the first token is drawn by them too."""
         b, t, per_round = len(prompts), self.nodes, self.block_size + 1
         max_len = max(map(len, prompts)) + rounds * per_round   # positions a round may write stay below this
         out_len = 1 + rounds * per_round
@@ -118,28 +134,28 @@ class DDTreeRound:
             req_to_token[i, :len(slots)] = torch.tensor(slots)
         cache = PagedKVCache.empty(self.model.config, num_slots, dtype=dtype, device=device)
         last_hidden, logits = prefill(self.model, prompts, prompt_slots, cache, device)
-        first = logits.argmax(-1)
+        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=device)
+        first = target_tokens(logits, (lens - 1)[:, None], sampling)[:, 0]  # keyed by the last prompt position
         generated = torch.zeros(b, out_len + 1, dtype=torch.int64, device=device)
         generated[:, 0] = first
-        lens = torch.tensor([len(p) for p in prompts], dtype=torch.int64, device=device)
         paged = self.layout == "paged"
         state = DDTreeState(
             seq_lens=lens, root_tokens=first, last_hidden=last_hidden, req_to_token=req_to_token.to(device),
             tree_slots=tree_slots.to(device), slot_pool=pool.to(device) if paged else None,
             next_fresh=(lens + t) if paged else None, generated=generated,
             num_generated=torch.ones(b, dtype=torch.int64, device=device),
-            accept_len=torch.zeros(b, dtype=torch.int32, device=device))
+            accept_len=torch.zeros(b, dtype=torch.int32, device=device), sampling=sampling)
         return state, cache
 
     def __call__(self, state: DDTreeState, cache: PagedKVCache) -> None:
         b, t, k = state.seq_lens.shape[0], self.nodes, self.block_size
-        logprobs, candidates = self.drafter(state.last_hidden, state.seq_lens)
+        logprobs, candidates = self.drafter(state.last_hidden, state.seq_lens, state.root_tokens)
         tree_tokens, parents, depths, tree_mask = ddtree.build_tree(logprobs, candidates, state.root_tokens,
                                                                     self.budget)
         batch = self.verify_batch(state, tree_tokens, parents, depths, tree_mask.shape[1])
         hidden = self.model.hidden_states(batch, cache, tree_mask=tree_mask)          # [B*T, H]
-        target_tokens = self.model.lm_head(hidden).argmax(-1).view(b, t)
-        accepted, accept_len, next_tokens = ddtree.accept_greedy(tree_tokens, parents, target_tokens, k)
+        targets = target_tokens(self.model.lm_head(hidden), batch.positions.view(b, t), state.sampling)
+        accepted, accept_len, next_tokens = ddtree.accept_greedy(tree_tokens, parents, targets, k)
         if self.layout == "paged":
             self.commit_paged(state, accepted, accept_len)
         else:
@@ -246,9 +262,10 @@ class DDTreeRun:
 
 
 def ddtree_generate(ddtree_round: DDTreeRound, prompts: list[list[int]], rounds: int, dtype, device,
-                    cuda_graph: bool = False) -> DDTreeRun:
-    """Prefill, then `rounds` DDTree rounds: eagerly, or (cuda_graph) as replays of one captured graph."""
-    state, cache = ddtree_round.start(prompts, rounds, dtype, device)
+                    cuda_graph: bool = False, sampling: SamplingParams | None = None) -> DDTreeRun:
+    """Prefill, then `rounds` DDTree rounds: eagerly, or (cuda_graph) as replays of one captured graph.
+    sampling: per-request parameters (greedy when None)."""
+    state, cache = ddtree_round.start(prompts, rounds, dtype, device, sampling=sampling)
     step = DDTreeGraphRunner(ddtree_round, state, cache) if cuda_graph else (lambda: ddtree_round(state, cache))
     sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
     accepted, seconds = [], []
@@ -266,20 +283,30 @@ def greedy_decode(model: ToyDecoder, prompts: list[list[int]], num_tokens: int, 
                   device) -> tuple[list[list[int]], torch.Tensor]:
     """Plain greedy decoding: the prefill, then one token per request per step through a one-node tree
     (causal decode). Returns num_tokens tokens per request and every decision's logits [steps, B, vocab]."""
+    return sample_decode(model, prompts, num_tokens, dtype, device, None)
+
+
+def sample_decode(model: ToyDecoder, prompts: list[list[int]], num_tokens: int, dtype, device,
+                  sampling: SamplingParams | None) -> tuple[list[list[int]], torch.Tensor]:
+    """The target's own decoding, one token per request per step: greedy (sampling None) or each request's
+    seeded sampling, the draw at step j keyed by the position of its input token (prompt length - 1 + j), as
+    SGLang keys it. Returns num_tokens tokens per request and every decision's logits [steps, B, vocab]."""
     b = len(prompts)
     lens = [len(p) for p in prompts]
     capacity = max(lens) + num_tokens
     slots = [list(range(i * capacity, i * capacity + n)) for i, n in enumerate(lens)]
     cache = PagedKVCache.empty(model.config, b * capacity, dtype=dtype, device=device)
     _, logits = prefill(model, prompts, slots, cache, device)
-    tokens = [[t] for t in logits.argmax(-1).tolist()]
+    position = torch.tensor(lens, dtype=torch.int64, device=device)[:, None] - 1      # [B, 1]
+    tokens = [[t] for t in target_tokens(logits, position, sampling)[:, 0].tolist()]
     all_logits = [logits.float().cpu()]
     for _ in range(num_tokens - 1):
         new = [[i * capacity + len(s)] for i, s in enumerate(slots)]
         batch = build_verify_batch([[t[-1]] for t in tokens], [[-1]] * b, slots, new, device=device)
         logits = model.verify_step(batch, cache)
         all_logits.append(logits.float().cpu())
-        for t, s, n, nxt in zip(tokens, slots, new, logits.argmax(-1).tolist()):
+        position = position + 1
+        for t, s, n, nxt in zip(tokens, slots, new, target_tokens(logits, position, sampling)[:, 0].tolist()):
             t.append(nxt)
             s += n
     return tokens, torch.stack(all_logits)

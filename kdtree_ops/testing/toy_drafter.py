@@ -6,7 +6,8 @@ greedy continuation is a function of a small state — (current token, parity of
 — that the target's final hidden state holds legibly (one-hot dims [0, V), parity dim V + 1):
 
   1. read the state off the hidden state (argmax of the one-hot dims, sign of the parity dim): one row of a
-     lookup, no run of the target;
+     lookup, no run of the target; given the block's first token (the bonus, the tree's root), continue from it
+     instead of from the greedy bonus the state predicts (sampled decoding: the bonus is a draw);
   2. heads: a table `continuation [2V, K + 1]` of the target's greedy tokens after each state (the bonus token
      the target itself predicts, then K drafts), unrolled once at construction from the target's rule;
   3. per position j, logits = sharpness * (onehot(continuation[state, j]) + noise * z), z a fixed standard
@@ -56,18 +57,25 @@ class BlockDrafter:
         v = self.vocab
         return 2 * hidden[:, :v].argmax(-1) + (hidden[:, v + 1] > 0).long()
 
-    def __call__(self, hidden: torch.Tensor, seq_lens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def __call__(self, hidden: torch.Tensor, seq_lens: torch.Tensor,
+                 root_tokens: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Draft the K positions after the next (bonus) token.
 
         Args:
             hidden: [B, hidden] the target's hidden state at each request's last committed token.
             seq_lens: [B] int64 committed lengths (they pick the noise).
+            root_tokens: [B] int64, the bonus tokens, or None. A block drafter reads its block's first token (DFlash
+                embeds it): given, the drafts continue from it — what sampling needs, where the bonus is often not
+                the greedy token; None assumes the greedy one. For a greedy bonus both give the same drafts.
 
         Returns:
             logprobs [B, K, top_k] float32 sorted descending, tokens [B, K, top_k] int64.
         """
         state = self.state(hidden.float())
-        drafts = self.continuation[state, 1:]                                       # [B, K]
+        if root_tokens is None:
+            drafts = self.continuation[state, 1:]                                   # [B, K]
+        else:  # the state after the root: (root, parity of the last committed token)
+            drafts = self.continuation[2 * root_tokens + (state // 2) % 2, :-1]
         row = (seq_lens * 131 + state) % self.noise_bank.shape[0]
         logits = self.noise * self.noise_bank[row]                                  # [B, K, V]
         logits.scatter_add_(2, drafts[:, :, None], torch.ones_like(logits[:, :, :1]))  # + one-hot of the draft
