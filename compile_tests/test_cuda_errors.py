@@ -1,12 +1,9 @@
 """Bad inputs on CUDA raise RuntimeError naming the argument, and never kill the process.
 
-Every case runs in a process of its own, so a host-side check that crashes (the SIGSEGV of issue 25) fails that case
-alone. The processes are forked from a server (multiprocessing's forkserver) that imported torch, the library and
-this module once, before any CUDA initialization, so a case costs a fork and its own CUDA context rather than a
-Python start, a torch import and a library load (1.6 s a case at 14 workers on the H200, which outran the GPU
-suite's call). The child reports whether the call raised RuntimeError and its message; the test asserts the child
-exited normally and that the message matches. The children run a few at a time, started when the first test of this
-module needs them.
+Every case runs in a process of its own (fresh_process.py: forked from a server that loaded the library once, before
+any CUDA initialization), so a host-side check that crashes (the SIGSEGV of issue 25) fails that case alone. The
+child reports whether the call raised RuntimeError and its message; the test asserts the child exited normally and
+that the message matches. The children run a few at a time, started when the first test of this module needs them.
 
 Covered, for tree_verify_attention (functional and `_out` forms, eager and while capturing a CUDA graph):
 - the shared shape/dtype/stride checks (test_errors.SHAPE_CASES, OUT_CASES, on CUDA bf16 tensors, Dqk = Dv = 64);
@@ -22,29 +19,18 @@ is compared with what the op does over a grid of dtypes, head dims and KV heads.
 
 from __future__ import annotations
 
-import concurrent.futures
-import json
-import multiprocessing
-import os
 import re
-import signal
-import sys
-import tempfile
-import functools
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 import torch
 
+import fresh_process
 import test_errors as cpu_cases
 from kdtree_ops.testing.cases import make_verify_case
 
 pytestmark = pytest.mark.cuda
 
-HERE = Path(__file__).resolve().parent
-REPORT = "KDTREE_CASE_RESULT "  # the child's one line of result, after this prefix
-CHILD_TIMEOUT_S = 120
 HEAD_DIM = 64
 
 
@@ -136,23 +122,14 @@ class Case:
     gated: bool = False  # KDTREE_OPS_UNVERIFIED unset in the child (the GPU suite sets it): the gate applies
 
 
-def child_main(name: str, debug: bool, gated: bool, report) -> None:
-    """The child's body (a fork of the case server): run one case, send one result through `report`."""
-    for variable, wanted in (("KDTREE_OPS_DEBUG", debug), ("KDTREE_OPS_UNVERIFIED", not gated)):
-        if wanted:  # both are read by the library at each call
-            os.environ[variable] = "1"
-        else:
-            os.environ.pop(variable, None)
-    assert not torch.cuda.is_initialized(), "the case server initialized CUDA before forking"
-    import kdtree_ops.ops  # noqa: F401  (loaded in the server already where a build was cached)
+def run_case(name: str) -> None:
+    """The child's body: one case's call (a RuntimeError is what the parent expects of most)."""
+    CASES_BY_NAME[name].call()
 
-    case = CASES_BY_NAME[name]
-    try:
-        case.call()
-        result = {"raised": False}
-    except RuntimeError as exc:
-        result = {"raised": True, "type": type(exc).__name__, "message": str(exc)}
-    report.send(result)
+
+def job(case: Case) -> fresh_process.Job:
+    env = (("KDTREE_OPS_DEBUG", "1" if case.debug else None), ("KDTREE_OPS_UNVERIFIED", None if case.gated else "1"))
+    return fresh_process.Job(__name__, "run_case", (case.name,), env)
 
 
 # --- the cases -------------------------------------------------------------------------------------------
@@ -392,6 +369,12 @@ def ddtree_gate_call(op: str):
             parents = torch.tensor([[-1, 0, 0, 1]] * 2, dtype=torch.int32, device="cuda")
             ddtree.accept_greedy(torch.zeros(2, 4, dtype=torch.int64, device="cuda"), parents,
                                  torch.zeros(2, 4, dtype=torch.int64, device="cuda"), 3)
+        elif op == "ddtree_sample_targets":
+            from kdtree_ops.ddtree import SamplingParams, sample_targets
+
+            params = SamplingParams.of([dict(temperature=0.7, seed=1), dict()])
+            sample_targets(torch.randn(8, 50, device="cuda"), torch.arange(8, device="cuda").view(2, 4),
+                           *params.to("cuda").astuple())
         else:
             cache = torch.randn(12, 2, 64, device="cuda").bfloat16()
             ddtree.commit_kv(cache, None, torch.tensor([[0, 2, -1]], dtype=torch.int32, device="cuda"),
@@ -403,13 +386,14 @@ def ddtree_gate_call(op: str):
 def gate_cases() -> list[Case]:
     cases = [Case(f"gate-{family.split()[-1]}-{cache}", support_call(*config), pattern=None, gated=True)
              for (family, cache), config in GATE_ATTENTION.items()]
-    for op in ("ddtree_build_tree", "ddtree_accept_greedy", "ddtree_commit_kv"):
+    for op in GATE_DDTREE_OPS:
         cases.append(Case(f"gate-{op}", ddtree_gate_call(op), pattern=None, gated=True))
     return cases
 
 
+GATE_DDTREE_OPS = ("ddtree_build_tree", "ddtree_accept_greedy", "ddtree_commit_kv", "ddtree_sample_targets")
 GATE_FAMILIES = {case.name: key for case, key in zip(gate_cases(), [*GATE_ATTENTION, *(
-    (op, "") for op in ("ddtree_build_tree", "ddtree_accept_greedy", "ddtree_commit_kv"))])}
+    (op, "") for op in GATE_DDTREE_OPS)])}
 
 CASES = attention_cases() + helper_cases() + gate_cases() + [
     Case(name, support_call(*config), pattern=None) for name, config in SUPPORT_CONFIGS.items()]
@@ -420,75 +404,20 @@ assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
 # --- the parent: run the children, check their results ----------------------------------------------------
 
 
-@dataclass
-class ChildResult:
-    returncode: int
-    result: dict | None
-    stderr: str
-
-    def report(self) -> dict | None:
-        return self.result
-
-
-@functools.lru_cache(maxsize=1)
-def case_server():
-    """The forkserver context whose server preloads torch, the library and this module (cuda_case_server.py)."""
-    context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["cuda_case_server"])
-    return context
-
-
-def _run_in_child(name: str, debug: bool, gated: bool, report, stderr_path: str) -> None:
-    with open(stderr_path, "w") as err:  # the child's output, for the failure message
-        os.dup2(err.fileno(), 1)
-        os.dup2(err.fileno(), 2)
-    child_main(name, debug, gated, report)
-
-
-def run_child(case: Case) -> ChildResult:
-    context = case_server()
-    receive, send = context.Pipe(duplex=False)
-    with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
-        process = context.Process(target=_run_in_child, args=(case.name, case.debug, case.gated, send, log.name))
-        process.start()
-        send.close()
-        try:
-            result = receive.recv() if receive.poll(CHILD_TIMEOUT_S) else None
-        except EOFError:  # the child died before it reported
-            result = None
-        process.join(30)
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-            return ChildResult(-999, None, f"timed out after {CHILD_TIMEOUT_S} s\n{log.read()}")
-        return ChildResult(process.exitcode, result, log.read())
-
-
 @pytest.fixture(scope="module")
 def child_results(request, ops):  # ops: the library is built before the children load it
     """name -> future ChildResult, for the cases of this module that the session selected, run a few at a time."""
-    selected = [item.callspec.params["case"] for item in request.session.items
-                if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params]
-    if str(HERE) not in sys.path:  # the case server imports this module by name
-        sys.path.insert(0, str(HERE))
-    workers = max(1, min(14, (os.cpu_count() or 2) - 2))
-    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        yield {c.name: pool.submit(run_child, c) for c in selected}
+    yield from fresh_process.run_all({c.name: job(c) for c in fresh_process.selected_params(request, "case")})
 
 
-def check_child(result: ChildResult, case: Case) -> dict:
-    """The child's report, failing the test if the child crashed or failed."""
-    tail = result.stderr[-3000:]
-    if result.returncode == -999:
-        pytest.fail(f"{case.name}: the child process hung: {tail}")
-    if result.returncode < 0:
-        try:
-            sig = signal.Signals(-result.returncode).name
-        except ValueError:
-            sig = f"signal {-result.returncode}"
-        pytest.fail(f"{case.name}: the process crashed ({sig}) instead of raising RuntimeError\n{tail}")
-    report = result.report()
-    assert result.returncode == 0 and report is not None, f"{case.name}: child exited {result.returncode}\n{tail}"
+def check_child(result: fresh_process.ChildResult, case: Case) -> dict:
+    """The child's report, failing the test if the child crashed, hung, or raised something but RuntimeError."""
+    failure = result.failure()
+    if failure:
+        pytest.fail(f"{case.name}: {failure}")
+    report = result.report
+    if report["raised"] and report["type"] not in ("RuntimeError",):
+        pytest.fail(f"{case.name}: raised {report['type']} instead of RuntimeError: {report['message']}")
     return report
 
 

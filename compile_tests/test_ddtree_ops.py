@@ -7,10 +7,6 @@ The same tests run on every device in DEVICES: the CPU here, the GPU where one i
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -373,13 +369,22 @@ def test_bad_inputs_cpu(case_id):
 
 if "cuda" in DEVICES:  # defined only where it can run: the CPU suite never skips
 
+    @pytest.fixture(scope="module")
+    def cuda_children(request, ops):  # ops: the library is built before the children load it
+        """case id -> future ChildResult: each case in a process of its own (fresh_process.py), a few at a time; the
+        value checks with KDTREE_OPS_DEBUG=1, the only mode in which CUDA reads values."""
+        import fresh_process
+
+        jobs = {case_id: fresh_process.Job(__name__, "raise_bad_input", (case_id, "cuda"), (
+            ("KDTREE_OPS_DEBUG", "1" if case_id in VALUE_CASES else None), ("KDTREE_OPS_UNVERIFIED", "1")))
+            for case_id in fresh_process.selected_params(request, "case_id")}
+        yield from fresh_process.run_all(jobs)
+
     @pytest.mark.cuda
     @pytest.mark.parametrize("case_id", list(BAD_INPUTS))
-    def test_bad_inputs_cuda_in_own_process(case_id):
-        """Each case in a fresh process (a crash in the CUDA host code fails this case only); the value checks
-        with KDTREE_OPS_DEBUG=1, the only mode in which CUDA reads values."""
-        env = {**os.environ, "KDTREE_OPS_DEBUG": "1" if case_id in VALUE_CASES else "0"}
-        code = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_ddtree_ops as t; "
-                f"t.raise_bad_input({case_id!r}, 'cuda'); print('RAISED')")
-        run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0 and "RAISED" in run.stdout, run.stdout + run.stderr
+    def test_bad_inputs_cuda_in_own_process(cuda_children, case_id):
+        """Each case in a process of its own: a crash in the CUDA host code fails this case only."""
+        result = cuda_children[case_id].result()
+        failure = result.failure()
+        assert failure is None, failure
+        assert not result.report["raised"], f"{result.report['type']}: {result.report['message']}"

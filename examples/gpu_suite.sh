@@ -5,10 +5,11 @@
 #
 # Run from the repository root on the GPU machine. The parts (default: all three, in this order):
 #   native    build the library (JIT, this GPU's arch, with its time); pytest -m cuda over compile_tests (CUDA
-#             numerics incl. fp8 caches, CUDA graphs, reduce-overhead, opcheck, the DDTree ops and loop, the CUDA
-#             error paths and the has-kernel answer — each error case in its own process, forked from a server that
-#             loaded the library once); the SGLang backend on GPU; compute-sanitizer memcheck and racecheck on
-#             examples/sanitize_case.py (every kernel path, DDTree rounds with tied scores)
+#             numerics incl. fp8 caches, CUDA graphs, reduce-overhead, opcheck, the DDTree ops and loop, the
+#             has-kernel answer and the gate), then the bad-input cases (each in a process of its own, forked from a
+#             server that loaded the library once: compile_tests/fresh_process.py); the SGLang backend on GPU;
+#             compute-sanitizer memcheck and racecheck on examples/sanitize_case.py (every kernel path, DDTree rounds
+#             with tied scores)
 #   emulated  the CUDA tests once per emulated architecture class (KDTREE_OPS_EMULATE_ARCH=80: sm_80; =120: the
 #             99 KB class): each class's configurations and code path on this sm_90 GPU, under its limits
 #   bench     python -m kdtree_ops bench (G1-G5, M1-M5, bf16 and the fp8 column), bench --ddtree, and the gather
@@ -136,9 +137,12 @@ fi
 for part in "${parts[@]}"; do
   case $part in
   native)
-    build native 330
-    stage native tests 240 120 $py -m pytest compile_tests -m cuda -v -p no:cacheprovider --durations=15 \
-      --junitxml="$out/native/pytest_cuda.xml"
+    build native 400
+    # The bad-input cases, each in a process of its own, as a stage of their own (their time is the children's).
+    stage native tests 200 300 $py -m pytest compile_tests -m cuda -k "not test_bad_input" -v -p no:cacheprovider \
+      --durations=15 --junitxml="$out/native/pytest_cuda.xml"
+    stage native errors 200 120 $py -m pytest compile_tests -m cuda -k "test_bad_input" -p no:cacheprovider \
+      --durations=5 --junitxml="$out/native/pytest_cuda_errors.xml"
     # The SGLang backend suite needs a GPU as a whole; whatever of it is not marked `cuda` runs here.
     stage native sglang_gpu 150 60 $py -m pytest compile_tests/test_sglang_backend_gpu.py -m "not cuda" -v \
       -p no:cacheprovider --durations=10 --junitxml="$out/native/pytest_sglang_gpu.xml"
@@ -154,10 +158,12 @@ for part in "${parts[@]}"; do
     ;;
   emulated)
     build emulated 300
+    # The CUDA tests but the bad-input cases (host checks, the same for every class; the has-kernel answer and the
+    # gate, which depend on the class, do run) and the SGLang suite.
     for arch in 80 120; do
-      stage emulated "tests_sm$arch" 200 $(( arch == 80 ? 150 : 0 )) env KDTREE_OPS_EMULATE_ARCH=$arch \
-        $py -m pytest compile_tests -m cuda -p no:cacheprovider --ignore=compile_tests/test_sglang_backend_gpu.py \
-        --durations=10 --junitxml="$out/emulated/pytest_cuda_sm$arch.xml"
+      stage emulated "tests_sm$arch" 220 $(( arch == 80 ? 150 : 0 )) env KDTREE_OPS_EMULATE_ARCH=$arch \
+        $py -m pytest compile_tests -m cuda -k "not test_bad_input" -p no:cacheprovider \
+        --ignore=compile_tests/test_sglang_backend_gpu.py --durations=10 --junitxml="$out/emulated/pytest_cuda_sm$arch.xml"
     done
     ;;
   bench)

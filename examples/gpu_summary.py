@@ -50,7 +50,9 @@ def main(out: Path) -> None:
     native, emulated, bench = out / "native", out / "emulated", out / "bench"
     if native.exists():
         lines += ["## GPU tests (native, sm_90a)", "",
-                  "`pytest compile_tests -m cuda`: " + junit_summary(native / "pytest_cuda.xml"), "",
+                  "`pytest compile_tests -m cuda -k 'not test_bad_input'`: " + junit_summary(native / "pytest_cuda.xml"),
+                  "", "`pytest compile_tests -m cuda -k test_bad_input` (each case in its own process): "
+                  + junit_summary(native / "pytest_cuda_errors.xml"), "",
                   "`pytest compile_tests/test_sglang_backend_gpu.py -m 'not cuda'`: "
                   + junit_summary(native / "pytest_sglang_gpu.xml"), "",
                   "## compute-sanitizer (examples/sanitize_case.py)", ""]
@@ -59,7 +61,7 @@ def main(out: Path) -> None:
     if emulated.exists():
         lines += ["## GPU tests under emulated architecture classes (KDTREE_OPS_EMULATE_ARCH, on this sm_90 GPU)", ""]
         for arch, name in (("80", "sm_80"), ("120", "99 KB class (sm_86, sm_89, sm_120/121)")):
-            lines.append(f"- {name}: `pytest compile_tests -m cuda`: "
+            lines.append(f"- {name}: `pytest compile_tests -m cuda -k 'not test_bad_input'`: "
                          + junit_summary(emulated / f"pytest_cuda_sm{arch}.xml"))
         lines.append("")
     if bench.exists():
