@@ -18,7 +18,9 @@
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
 # call of 10 minutes does not hold all three) into one results folder. KDTREE_OPS_UNVERIFIED=1 is set: the suite is
 # what verifies the families not yet marked verified (csrc/verified_families.cpp). Each stage may fail without
-# stopping the later ones; the run keeps within KDTREE_SUITE_BUDGET_S seconds (default 560).
+# stopping the later ones; the run keeps within KDTREE_SUITE_BUDGET_S seconds (default 560). To finish what an earlier
+# call of the same sources left undone: KDTREE_SUITE_SKIP="part/stage ..." records those stages as skipped, and
+# KDTREE_SUITE_TESTS names the test files of native/tests (default: compile_tests).
 set -u -o pipefail
 
 out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench]}
@@ -66,6 +68,11 @@ stage() {
   local part=$1 name=$2 cap=$3 reserve=$4; shift 4
   local t0 secs rc status lim
   mkdir -p "$out/$part"
+  if [[ " ${KDTREE_SUITE_SKIP:-} " == *" $part/$name "* ]]; then
+    printf '%s\t%s\t%s\t%s\t%s\n' "$part" "$name" "skipped (KDTREE_SUITE_SKIP)" "-" 0 >> "$stages"
+    echo "=== [$part/$name] skipped (KDTREE_SUITE_SKIP)"
+    return 0
+  fi
   lim=$(limit "$cap" "$reserve")
   echo "=== [$part/$name] (limit ${lim}s) $*"
   t0=$(date +%s)
@@ -139,7 +146,7 @@ for part in "${parts[@]}"; do
   native)
     build native 400
     # The bad-input cases, each in a process of its own, as a stage of their own (their time is the children's).
-    stage native tests 200 300 $py -m pytest compile_tests -m cuda -k "not test_bad_input" -v -p no:cacheprovider \
+    stage native tests 200 300 $py -m pytest ${KDTREE_SUITE_TESTS:-compile_tests} -m cuda -k "not test_bad_input" -v -p no:cacheprovider \
       --durations=15 --junitxml="$out/native/pytest_cuda.xml"
     stage native errors 200 120 $py -m pytest compile_tests -m cuda -k "test_bad_input" -p no:cacheprovider \
       --durations=5 --junitxml="$out/native/pytest_cuda_errors.xml"
