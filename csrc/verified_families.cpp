@@ -8,23 +8,32 @@ namespace {
 
 // Per class: sm_90a, sm_100, sm_80, 99 KB. The evidence of each true entry is named beside it (examples/results/).
 constexpr VerifiedFamily kFamilies[] = {
-    // Caches of q's dtype on sm_90a: the GPU suite of 2c2408e (307/307) and the H200 run of 6633749, the kernels'
-    // SASS unchanged between them. fp8 caches and the other classes' configurations are new source.
-    {"tree_verify_attention hd64", "same", {true, false, false, false}},
-    {"tree_verify_attention hd128", "same", {true, false, false, false}},
-    {"tree_verify_attention hd256", "same", {true, false, false, false}},
-    {"tree_verify_attention mla", "same", {true, false, false, false}},
-    {"tree_verify_attention hd64", "fp8", {false, false, false, false}},
-    {"tree_verify_attention hd128", "fp8", {false, false, false, false}},
-    {"tree_verify_attention hd256", "fp8", {false, false, false, false}},
-    {"tree_verify_attention mla", "fp8", {false, false, false, false}},
-    // The DDTree round. accept_greedy: bit-equal to the CPU on the H200 (2026-12-02, 6633749), unchanged since;
-    // build_tree's tie path and commit_kv's range guards are new source.
-    {"ddtree_build_tree", "", {false, false, false, false}},
-    {"ddtree_accept_greedy", "", {true, false, false, false}},
-    {"ddtree_commit_kv", "", {false, false, false, false}},
-    // The sampled targets of a DDTree round at temperature > 0: new source.
-    {"ddtree_sample_targets", "", {false, false, false, false}},
+    // Caches of q's dtype. sm_90a: the GPU suite of 2c2408e (307/307) and of 24c73ad (test_cuda_numerics 227/227,
+    // graphs, error paths, has-kernel answers; examples/results/2026-12-02-24c73ad-native). sm_80 and 99 KB: their
+    // configurations on the H200 under their limits, the CUDA tests 668/668 per class
+    // (examples/results/2026-12-02-ab5d900-emulated). sm_100: not built.
+    {"tree_verify_attention hd64", "same", {true, false, true, true}},
+    {"tree_verify_attention hd128", "same", {true, false, true, true}},
+    {"tree_verify_attention hd256", "same", {true, false, true, true}},
+    {"tree_verify_attention mla", "same", {true, false, true, true}},
+    // fp8 caches (e4m3, e5m2). sm_90a: test_cuda_fp8 77/77 (with the accuracy against SGLang's Triton fp8 path),
+    // memcheck and racecheck clean on fp8 calls (24c73ad); sm_80 and 99 KB: test_cuda_fp8 within the 668 per class
+    // (ab5d900). The verify kernels' source is the same at 24c73ad, ab5d900 and 4cd8dc0.
+    {"tree_verify_attention hd64", "fp8", {true, false, true, true}},
+    {"tree_verify_attention hd128", "fp8", {true, false, true, true}},
+    {"tree_verify_attention hd256", "fp8", {true, false, true, true}},
+    {"tree_verify_attention mla", "fp8", {true, false, true, true}},
+    // The DDTree round, which has no per-class configuration (its shared memory is checked against the device's own
+    // limit at every launch, and every tested shape fits the 99 KB class). sm_90a: test_ddtree_ops (its CUDA cases
+    // and bad inputs), test_cuda_ddtree 8/8 (commit tiles and grid stride, a 52 KB build in a graph, 1024-node rounds),
+    // the DDTree loops, racecheck clean on rounds with tied scores (24c73ad, 4cd8dc0). sm_80 and 99 KB: the same tests
+    // with the class emulated (ab5d900). ddtree_sample_targets: all of its CUDA tests under both emulated classes
+    // (the same sm_90a kernel), 59 of them again natively, memcheck and racecheck clean (4cd8dc0); its 17 bad-input
+    // cases on CUDA did not run (the suite's call ended first).
+    {"ddtree_build_tree", "", {true, false, true, true}},
+    {"ddtree_accept_greedy", "", {true, false, true, true}},
+    {"ddtree_commit_kv", "", {true, false, true, true}},
+    {"ddtree_sample_targets", "", {true, false, true, true}},
 };
 
 }  // namespace
