@@ -8,7 +8,7 @@ the backend built through SGLang's registry over a named base (`KDTREE_BASE_BACK
 otherwise) and the ops library's own answer (`ops.kernel_unsupported_reason`).
 
 The base's kernel is Triton's (no CPU path), so its verify calls are seen by a recorder in place of
-`TritonAttnBackend.forward_extend` (`base_calls`). Simulated, and said where: the KV index gather of SGLang's
+`TritonAttnBackend.forward_extend` (conftest.py's `base_calls` fixture). Simulated, and said where: the KV index gather of SGLang's
 translator (a Triton kernel) runs as torch code.
 """
 
@@ -19,11 +19,9 @@ import math
 import os
 from contextlib import contextmanager
 
-import pytest
 import torch
 
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 from sglang.srt.layers.quantization.fp8 import Fp8Config, Fp8KVCacheMethod
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
@@ -241,19 +239,6 @@ class Step:
             torch.cat([ancestor_mask(p, words) for p in self.trees]), layer.scaling, 0.0, k_draft, v_draft,
             k_scale, v_scale)
         return out.reshape(self.n, -1)
-
-
-@pytest.fixture
-def base_calls(monkeypatch):
-    """Replaces the base's forward_extend (Triton, no CPU path) by a recorder; returns its records."""
-    calls = []
-
-    def recorder(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        calls.append(layer.layer_id)
-        return torch.full((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), BASE_OUTPUT, dtype=q.dtype)
-
-    monkeypatch.setattr(TritonAttnBackend, "forward_extend", recorder)
-    return calls
 
 
 def run_layers(rig: Rig, step: Step, fb: ForwardBatch, q=None, k=None, v=None) -> list:

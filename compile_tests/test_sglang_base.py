@@ -25,7 +25,6 @@ from sglang_rig import (  # noqa: E402
     Step,
     assert_served,
     base_backend,
-    base_calls,  # noqa: F401  (fixture)
     run_layers,
 )
 

@@ -26,7 +26,6 @@ from sglang_rig import (  # noqa: E402
     Rig,
     Step,
     assert_served,
-    base_calls,  # noqa: F401  (fixture)
     fallback_lines,
     run_layers,
 )

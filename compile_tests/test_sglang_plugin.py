@@ -269,7 +269,6 @@ def test_dflash_policy_hook_answers_the_base_s_policy(registered):
 
 def test_internal_state_hook_reports_live_backends(registered):
     """The scheduler's get_internal_state answer gains the process's kdtree backends' status (plain values)."""
-    import json
     import sys
     from types import SimpleNamespace
 

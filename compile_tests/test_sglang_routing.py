@@ -35,7 +35,6 @@ from sglang_rig import (  # noqa: E402
     Step,
     assert_served,
     base_backend,
-    base_calls,  # noqa: F401  (fixture)
     fallback_lines,
     run_layers,
     step_fallback_lines,

@@ -17,7 +17,7 @@ from requires import require
 require("sglang", "pip install -e '.[test,sglang]'")
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
-from sglang_rig import Rig, Step, base_calls  # noqa: E402,F401  (base_calls: fixture)
+from sglang_rig import Rig, Step  # noqa: E402
 
 from kdtree_ops.sglang.verify_metadata import (  # noqa: E402
     FULL_MASK,
