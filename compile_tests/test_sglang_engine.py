@@ -218,3 +218,19 @@ def test_mla_ngram_equals_non_speculative(mla_reference, mla_ngram):
     assert mla_ngram["ids"] == mla_reference["ids"]
     assert accepted_drafts(mla_ngram) > 0
     assert_op_served_every_verify_layer(mla_ngram, layers=2)
+
+
+# ---- the user's example --------------------------------------------------------------------------------------------
+
+
+def test_example_engine_cpu_runs_as_written():
+    """examples/sglang/engine_cpu.py (README, examples/sglang/README.md), with fewer tokens to stay quick."""
+    import subprocess
+
+    example = Path(__file__).parents[1] / "examples" / "sglang" / "engine_cpu.py"
+    run = subprocess.run([sys.executable, str(example), "--tokens", "8"], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "NGRAM through kdtree equals generation without speculation" in run.stdout
+    assert "TARGET_VERIFY by the kdtree op (KDTREE_VERIFY=on), everything else by" in run.stdout
+    assert run.stdout.count("verify steps, accept length") == 2
