@@ -56,6 +56,10 @@ def _hint_unloaded_ops() -> None:
     from torch._ops import _OpNamespace
 
     class KdtreeOpNamespace(_OpNamespace):
+        # torch names each op's module after the namespace class's (`torch._ops.kdtree`), and Inductor imports ops
+        # by that name when it writes a compiled graph: keep torch's.
+        __module__ = _OpNamespace.__module__
+
         def __getattr__(self, op_name: str):
             try:
                 return super().__getattr__(op_name)
