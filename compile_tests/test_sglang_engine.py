@@ -69,7 +69,7 @@ def models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def host():
+def host(ops):  # the library built first (the engines' scheduler processes load it from the cache)
     engine_host = EngineHost()
     yield engine_host
     engine_host.close()

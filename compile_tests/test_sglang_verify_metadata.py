@@ -148,3 +148,11 @@ def test_eager_step_follows_the_draft_s_rewrite(base_calls):
     rig.backend.update_verify_buffers_to_fill_after_draft(spec, None)
     assert torch.equal(rig.backend._step.tree_mask, ancestor_mask(chain[0], words).repeat(2, 1))
 
+
+
+def test_graph_buffers_refuse_a_wider_tree_than_they_were_sized_for():
+    buffers = GraphVerifyBuffers(max_bs=2, max_num_tokens=80, max_context_len=16, words=1, device="cpu")
+    req_to_token = torch.zeros(2, 16, dtype=torch.int32)
+    batch = _graph_batch(req_to_token, [torch.arange(1, 5, dtype=torch.int32)], (4,), 1, None, padding=0)
+    with pytest.raises(ValueError, match="40 draft tokens per request exceeds the graph buffers' 32"):
+        buffers.fill(batch, req_to_token, 40, None)

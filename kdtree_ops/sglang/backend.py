@@ -126,8 +126,10 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         spec_algorithm = getattr(model_runner, "spec_algorithm", None)
         self._speculative = spec_algorithm is not None and not spec_algorithm.is_none()
         self._base_verifies = self.base_name not in BASES_WITHOUT_TARGET_VERIFY
-        from sglang.srt.runtime_context import get_exec, get_parallel
+        from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 
+        # The widest tree a step can bring (the graph buffers' mask words are sized for it).
+        self._max_tree_tokens = max(self._capture_width, int(get_spec().speculative_num_draft_tokens or 0))
         self._deterministic = bool(get_exec().deterministic.enable_deterministic_inference)
         self._dcp_size = int(get_parallel().attn_dcp_size)
         self._routes: dict[int, tuple] = {}  # layer id -> (layer, reason): decided at the layer's first call
@@ -246,7 +248,7 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         self.base.init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
         if self._verifies:
             self._graph = GraphVerifyBuffers(max_bs, max_num_tokens, self.max_context_len,
-                                             mask_words(self._capture_width), self.device)
+                                             mask_words(self._max_tree_tokens), self.device)
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         if self._base_prepares(forward_batch):

@@ -148,6 +148,9 @@ class GraphVerifyBuffers:
 
     def fill(self, forward_batch, req_to_token: torch.Tensor, tokens: int, verify_mask) -> VerifyStep:
         """Writes the step (bucket `forward_batch.batch_size`, padded requests after the real ones)."""
+        if tokens > 32 * self.words:
+            raise ValueError(f"kdtree verify: a step of {tokens} draft tokens per request exceeds the graph buffers' "
+                             f"{32 * self.words} (sized for the server's --speculative-num-draft-tokens)")
         bs = forward_batch.batch_size
         prefix = forward_batch.seq_lens[:bs]
         qo = self.qo_indptr[: bs + 1]
