@@ -48,3 +48,21 @@ def ops():
     import kdtree_ops.ops
 
     return kdtree_ops.ops
+
+
+@pytest.fixture
+def base_calls(monkeypatch):
+    """The SGLang suites' base-backend recorder: replaces TritonAttnBackend.forward_extend (no CPU path) by one that
+    records the layer ids it is called with and returns sglang_rig.BASE_OUTPUT; yields the records."""
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+    from sglang_rig import BASE_OUTPUT
+
+    calls = []
+
+    def recorder(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        calls.append(layer.layer_id)
+        return torch.full((q.shape[0], layer.tp_q_head_num * layer.v_head_dim), BASE_OUTPUT, dtype=q.dtype)
+
+    monkeypatch.setattr(TritonAttnBackend, "forward_extend", recorder)
+    return calls
+

@@ -170,6 +170,18 @@ def test_import_registers_the_ops_when_a_build_is_cached(ops, tmp_path):
     assert run.stdout.split()[0] == "False" and "compiling" not in run.stderr, run.stdout + run.stderr
 
 
+def test_an_op_before_any_build_says_how_to_load_it(tmp_path):
+    """With an empty cache, `torch.ops.kdtree.<op>` after `import kdtree_ops` names the fix (main raised torch's
+    bare "'_OpNamespace' 'kdtree' object has no attribute ..."), without compiling anything."""
+    code = ("import torch, kdtree_ops\n"
+            "try:\n    torch.ops.kdtree.tree_verify_attention\nexcept AttributeError as exc:\n    print(exc)\n")
+    empty = dict(os.environ, KDTREE_OPS_CACHE_DIR=str(tmp_path))
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=empty)
+    assert run.returncode == 0, run.stderr
+    assert "torch.ops.kdtree.tree_verify_attention: the kdtree ops library is not loaded" in run.stdout
+    assert "kdtree_ops.load()" in run.stdout and "compiling" not in run.stderr, run.stdout + run.stderr
+
+
 def test_library_takes_the_process_cxx_runtime(ops):
     # A library without libstdc++ among its needed libraries, or with stream/locale code of its own, formats
     # integers in error messages with another runtime's locale facets: a crash instead of a RuntimeError.

@@ -76,6 +76,10 @@ def _spawned_load_plugins(queue) -> None:
         after = {name: member for name, member in vars(TritonAttnBackend).items()}
         changed = sorted(n for n in set(before) | set(after) if before.get(n) is not after.get(n))
         named = {name: type(name, (), {})() for name in ("KDTreeAttnBackend", "TritonAttnBackend", "OtherBackend")}
+        named["KDTreeAttnBackend"].base = named["TritonAttnBackend"]  # kdtree over triton
+        over_other = type("KDTreeAttnBackend", (), {})()
+        over_other.base = named["OtherBackend"]
+        named["KDTreeAttnBackend over OtherBackend"] = over_other
         factory = ATTENTION_BACKENDS.get("kdtree")
         queue.put({
             "registered": factory is not None,
@@ -109,9 +113,10 @@ def test_spawned_process_load_plugins_registers_kdtree():
     assert result["registered"] and result["factory"] == "kdtree_ops.sglang.plugin.create_kdtree_backend"
     assert result["choice"] == 1
     assert result["triton_changed"] == [], "load_plugins() must leave TritonAttnBackend's members untouched"
-    # DFLASH picks its verify mask policy by class name: the subclass gets the parent's (no custom mask).
+    # DFLASH picks its verify mask policy by class name: a kdtree backend gets its base's (triton: no custom mask).
     assert result["hooked"]
     assert result["policy"]["KDTreeAttnBackend"] == ["KDTreeAttnBackend", False]
+    assert result["policy"]["KDTreeAttnBackend over OtherBackend"] == ["KDTreeAttnBackend", True]
     assert result["policy"]["TritonAttnBackend"] == ["TritonAttnBackend", False]
     assert result["policy"]["OtherBackend"] == ["OtherBackend", True]
     # register() is cheap: the backend module is not imported, and the ops library is loaded only where a finished
@@ -246,32 +251,45 @@ def test_sglang_plugins_allow_list(monkeypatch):
     assert "kdtree" in load_plugins_by_group(GENERAL_PLUGINS_GROUP)
 
 
-def test_dflash_policy_hook_only_touches_kdtree():
+def test_dflash_policy_hook_answers_the_base_s_policy(registered):
+    from types import SimpleNamespace
+
     from kdtree_ops.sglang.plugin import dflash_verify_mask_policy_hook
 
-    assert dflash_verify_mask_policy_hook(("KDTreeAttnBackend", True), object()) == ("KDTreeAttnBackend", False)
+    kdtree = type("KDTreeAttnBackend", (), {})()
+    kdtree.base = type("TritonAttnBackend", (), {})()
+    assert dflash_verify_mask_policy_hook(("KDTreeAttnBackend", True), kdtree) == ("KDTreeAttnBackend", False)
+    kdtree.base = type("IntelAMXAttnBackend", (), {})()  # not in SGLang's skip list: DFLASH builds the mask
+    assert dflash_verify_mask_policy_hook(("KDTreeAttnBackend", True), kdtree) == ("KDTreeAttnBackend", True)
+    wrapped = SimpleNamespace(full_attn_backend=kdtree)  # under a linear-attention wrapper, as SGLang resolves it
+    assert dflash_verify_mask_policy_hook(("KDTreeAttnBackend", True), wrapped) == ("KDTreeAttnBackend", True)
     assert dflash_verify_mask_policy_hook(("FlashInferAttnBackend", False), object()) is None
     assert dflash_verify_mask_policy_hook(("TorchNativeAttnBackend", True), object()) is None
 
 
+def test_internal_state_hook_reports_live_backends(registered):
+    """The scheduler's get_internal_state answer gains the process's kdtree backends' status (plain values)."""
+    import sys
+    from types import SimpleNamespace
+
+    from kdtree_ops.sglang.plugin import STATE_KEY, internal_state_hook
+
+    result = SimpleNamespace(internal_state={"other": 1})
+    if "kdtree_ops.sglang.backend" not in sys.modules:  # no backend module: nothing to report, nothing imported
+        assert internal_state_hook(result, object()) is None and result.internal_state == {"other": 1}
+        assert "kdtree_ops.sglang.backend" not in sys.modules
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
+    from sglang_rig import Rig
+
+    rig = Rig()
+    rig.backend.op_calls[1] = 3
+    assert internal_state_hook(result, object()) is None
+    (status,) = [s for s in result.internal_state[STATE_KEY] if s["op_calls"] == {"1": 3}]
+    assert status["base"] == "triton" and status["verify_mode"] == "on" and "everything else by triton" in status["status"]
+    json.dumps(result.internal_state)  # what SGLang ships across the process boundary
+
+
 # ---- the backend module on the CPU ---------------------------------------------------------------------------
-
-
-def test_backend_overrides_only_the_verify_path():
-    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
-
-    from kdtree_ops.sglang.backend import KDTreeAttnBackend
-
-    assert issubclass(KDTreeAttnBackend, TritonAttnBackend)
-    overridden = {name for name in vars(KDTreeAttnBackend) if callable(getattr(TritonAttnBackend, name, None))
-                  and not name.startswith("__") or name == "__init__"}
-    # 0.5.23's graph contract (no legacy *_capture_cuda_graph / *_replay_cuda_graph methods any more).
-    assert overridden == {"__init__", "init_forward_metadata", "init_cuda_graph_state",
-                          "init_forward_metadata_out_graph", "init_forward_metadata_in_graph", "forward_extend"}
-    assert not hasattr(TritonAttnBackend, "init_forward_metadata_capture_cuda_graph")
-    for inherited in ("forward_decode", "get_cuda_graph_seq_len_fill_value", "verify_mask",
-                      "update_verify_buffers_to_fill_after_draft"):
-        assert inherited not in vars(KDTreeAttnBackend)
 
 
 @pytest.mark.parametrize("value, mode", [(None, "on"), ("on", "on"), ("OFF", "off"), ("validate", "validate"),
@@ -294,61 +312,7 @@ def test_verify_mode_rejects_unknown(monkeypatch):
         verify_mode_from_env()
 
 
-# ---- packed-mask metadata on the CPU ops --------------------------------------------------------------------
-
-
-def _full_mask_batch(trees, prefix_lens):
-    """SGLang's FULL_MASK of a batch of trees (flat bool), its mask_indptr and qo_indptr."""
-    import torch
-
-    from kdtree_ops.testing.trees import ancestor_matrix
-
-    flats, sizes = [], []
-    for parents, prefix in zip(trees, prefix_lens):
-        t = len(parents)
-        rows = torch.zeros(t, prefix + t, dtype=torch.bool)
-        rows[:, :prefix] = True
-        rows[:, prefix:] = ancestor_matrix(parents)
-        flats.append(rows.flatten())
-        sizes.append(rows.numel())
-    mask_indptr = torch.tensor([0, *sizes], dtype=torch.int64).cumsum(0)
-    qo_indptr = torch.tensor([0, *[len(p) for p in trees]], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    return torch.cat(flats), mask_indptr, qo_indptr
-
-
-@pytest.mark.parametrize("tree_tokens", [1, 7, 32, 33, 70])
-def test_packed_tree_mask_from_sglang_layouts(tree_tokens):
-    import torch
-
-    from kdtree_ops.sglang.verify_metadata import GraphTreeMask, mask_words, packed_tree_mask
-    from kdtree_ops.testing.trees import ancestor_mask, random_tree
-
-    gen = torch.Generator().manual_seed(tree_tokens)
-    prefix_lens = [0, 5, 19]
-    trees = [random_tree(tree_tokens, generator=gen) for _ in prefix_lens]
-    custom_mask, mask_indptr, qo_indptr = _full_mask_batch(trees, prefix_lens)
-    words = mask_words(tree_tokens)
-    n = len(prefix_lens) * tree_tokens
-    prefix = torch.tensor(prefix_lens, dtype=torch.int32)
-    expect_tree = torch.cat([ancestor_mask(p, words) for p in trees])
-    expect_chain = ancestor_mask(list(range(-1, tree_tokens - 1)), words).repeat(len(prefix_lens), 1)
-
-    assert torch.equal(packed_tree_mask(custom_mask, mask_indptr, qo_indptr, prefix, n, words), expect_tree)
-    assert torch.equal(packed_tree_mask(None, mask_indptr, qo_indptr, prefix, n, words), expect_chain)
-
-    # The graph buffers: bigger than the batch (a capture bucket), fed from SGLang's static uint8 buffer and
-    # int64 qo_indptr; the device flag picks the tree or the chain; rows past the batch are zero.
-    graph = GraphTreeMask(max_bs=8, max_num_tokens=n + 3 * tree_tokens, words=words, device="cpu")
-    verify_buffer = torch.zeros(custom_mask.numel() + 4096, dtype=torch.uint8)
-    verify_buffer[: custom_mask.numel()] = custom_mask.to(torch.uint8)
-    for has_dense, expect in ((True, expect_tree), (False, expect_chain), (True, expect_tree)):
-        graph.packed.fill_(-1)
-        graph.select_source(has_dense)
-        graph.refresh(verify_buffer, qo_indptr.to(torch.int64), mask_indptr, prefix, len(prefix_lens))
-        assert torch.equal(graph.packed[:n], expect)
-        assert not graph.packed[n:].any()
-    graph.refresh(None, qo_indptr.to(torch.int64), mask_indptr, prefix, len(prefix_lens))
-    assert torch.equal(graph.packed[:n], expect_chain)
+# ---- validate statistics ------------------------------------------------------------------------------------
 
 
 def test_divergence_stats_layout_matches_validate_summary():

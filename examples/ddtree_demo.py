@@ -56,8 +56,9 @@ def run(device: str = "cpu", requests: int | None = None, rounds: int | None = N
         per_step = "  ".join(",".join(map(str, step)) for step in result.accepted)
         steady = result.step_seconds[1:] if cuda and len(result.step_seconds) > 1 else result.step_seconds
         mean_accepted = statistics.mean(a for step in result.accepted for a in step)
-        print(f"  budget {budget:>4}: accepted per step and request [{per_step}]  mean {mean_accepted:.2f} "
-              f"(+1 bonus) of {BLOCK_SIZE};  {1e3 * statistics.median(steady):8.2f} ms/step;  "
+        print(f"  budget {budget:>4}: drafts accepted per step and request [{per_step}], mean {mean_accepted:.2f} "
+              f"of at most {BLOCK_SIZE} (each step also emits the bonus token);  "
+              f"{1e3 * statistics.median(steady):8.2f} ms/step;  "
               f"{'= greedy' if same else 'DIFFERS from greedy'} ({sum(map(len, result.tokens))} tokens, "
               f"margin {margin:.2f} > {bound:.2f})")
     print("  DDTree: " + ("FAIL: " + "; ".join(failures) if failures else "PASS"))

@@ -2,8 +2,9 @@
 
 `import kdtree_ops` registers `torch.ops.kdtree.*` when a complete build for this machine is already cached (a
 dlopen, no compiling, no CUDA initialization), and otherwise stays cheap: the SGLang plugin imports this package
-in every process. `kdtree_ops.load()` builds when needed and registers the ops; `import kdtree_ops.ops` (the
-typed wrappers and fakes) calls it, and so does the first use of an op through this module.
+in every process; `torch.ops.kdtree.<op>` then raises an AttributeError that says to call `kdtree_ops.load()`.
+`kdtree_ops.load()` builds when needed and registers the ops; `import kdtree_ops.ops` (the typed wrappers and
+fakes) calls it, and so does the first use of an op through this module.
 """
 
 from __future__ import annotations
@@ -43,6 +44,39 @@ def __getattr__(name: str):
         return globals()[name]
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+def _hint_unloaded_ops() -> None:
+    """`torch.ops.kdtree.<op>` before the library is loaded raises an AttributeError that says how to load it.
+
+    The schemas live in the C++ library (csrc/ops.cpp), so nothing can be registered before it is loaded; the
+    namespace object torch creates for `torch.ops.kdtree` gets a subclass whose failed lookups, while no build is
+    loaded in this process, name the fix. After `load()` lookups are torch's own.
+    """
+    import torch
+    from torch._ops import _OpNamespace
+
+    class KdtreeOpNamespace(_OpNamespace):
+        # torch names each op's module after the namespace class's (`torch._ops.kdtree`), and Inductor imports ops
+        # by that name when it writes a compiled graph: keep torch's.
+        __module__ = _OpNamespace.__module__
+
+        def __getattr__(self, op_name: str):
+            try:
+                return super().__getattr__(op_name)
+            except AttributeError as exc:
+                if op_name.startswith("__") or build._loaded_library is not None:
+                    raise
+                raise AttributeError(
+                    f"torch.ops.kdtree.{op_name}: the kdtree ops library is not loaded in this process. Call "
+                    "kdtree_ops.load() first (it compiles csrc/ on first use, about a minute on a few cores, and "
+                    "registers torch.ops.kdtree.*), or import kdtree_ops.ops") from exc
+
+    namespace = torch.ops.kdtree  # torch creates it on first access
+    if type(namespace) is _OpNamespace:
+        namespace.__class__ = KdtreeOpNamespace
+
+
+_hint_unloaded_ops()
 
 try:
     if build.load_cached() is not None:

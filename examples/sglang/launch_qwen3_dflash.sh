@@ -3,7 +3,8 @@
 #
 # - DFLASH (sglang 0.5.23) verifies its block in causal order and picks whether to build a dense custom mask
 #   by the attention backend's *class name* (speculative/dflash_utils.py). The kdtree plugin registers a
-#   HookRegistry hook so KDTreeAttnBackend gets TritonAttnBackend's policy (no dense mask): nothing to pass.
+#   HookRegistry hook so KDTreeAttnBackend gets its base backend's policy (the op reads the block either way):
+#   nothing to pass. The base: SGLang's default, or KDTREE_BASE_BACKEND.
 #   The server log shows "Applied 1 hook(s) to ...resolve_dflash_verify_mask_policy (from: plugin=kdtree ...)".
 # - The draft worker needs a backend it knows: --speculative-draft-attention-backend triton (or flashinfer).
 set -euo pipefail

@@ -1,64 +1,69 @@
-"""KDTreeAttnBackend: SGLang's Triton attention backend with tree verification through the kdtree op.
+"""KDTreeAttnBackend: tree verification through the kdtree op, over a base backend that does everything else.
 
-Everything but TARGET_VERIFY is TritonAttnBackend's, unchanged. A TARGET_VERIFY layer call writes the draft
-tokens' K/V to the pool as the parent does, then calls `kdtree_ops.ops.tree_verify_attention_out` with the
-parent's own metadata (kv_indptr/kv_indices of the committed prefix, the draft K/V row-aligned with q) and the
-packed ancestor mask of `verify_metadata`.
+The backend holds a base (base.py: `KDTREE_BASE_BACKEND`, else the backend SGLang itself would pick for this model
+and platform) and forwards every call to it (delegation.py) except the TARGET_VERIFY layer calls the op serves
+(routing.py). Such a call writes the draft tokens' K/V to the pool with the pool's own (quantizing)
+`set_kv_buffer`, as SGLang's backends do, then runs `kdtree_ops.ops.tree_verify_attention_out` on kdtree's own step
+metadata (verify_metadata.py: prefix slots from req_to_token, the packed mask from the spec info's FULL_MASK or
+QLEN_ONLY mask), with the draft K/V row-aligned with q in q's dtype, unscaled.
 
-Graph contract of sglang 0.5.23 (base_attn_backend.AttentionBackend; DecodeCudaGraphRunner drives it):
-- `init_cuda_graph_state(max_bs, max_num_tokens)`: the parent's buffers, plus the packed-mask buffers;
-- `init_forward_metadata_out_graph(fb, in_capture)`: outside the graph, at capture (`in_capture=True`) and
-  before every replay: the parent fills its static qo/kv/mask buffers; here the step's mask source
-  (dense or chain) is written to a device flag;
-- `init_forward_metadata_in_graph(fb)`: recorded in the graph, so it re-runs on every replay: packs the mask
-  from the static buffers with the capture-safe ops. A graph captured while the spec info carried no
-  custom mask still packs the tree of every later replay (the parent would keep a causal graph).
-- `init_forward_metadata(fb)`: eager steps: the parent's metadata, plus the packed mask of this step.
+Graph contract of sglang 0.5.23 (base_attn_backend.AttentionBackend; DecodeCudaGraphRunner drives it), each step
+the base's first:
+- `init_cuda_graph_state(max_bs, max_num_tokens)`: the base's buffers, plus kdtree's static step buffers;
+- `init_forward_metadata_out_graph(fb, in_capture)`: outside the graph, at capture and before every replay: fills
+  the static step buffers from this step's batch and spec info (GraphVerifyBuffers.fill);
+- `init_forward_metadata_in_graph(fb)`: the base's only (kdtree's metadata is complete before the replay);
+- `update_verify_buffers_to_fill_after_draft`: repacks the mask the draft wrote after the plan (overlap plans);
+- `init_forward_metadata(fb)`: eager steps: the base's metadata, plus a fresh step of kdtree's.
 
 Modes, by KDTREE_VERIFY (read when the backend is built):
 - `on` (default): the op serves TARGET_VERIFY;
-- `off`: the parent's kernel serves everything (this class is then TritonAttnBackend);
-- `validate`: both kernels run; the op's output is compared with the parent's on the device
-  (`record_divergence` into a float32 stats[3] buffer: max |op - triton| over finite elements, count of
-  non-finite op elements, calls) and the parent's output is returned. Every KDTREE_VERIFY_LOG_EVERY verify
-  steps (default 100) a summary line is logged from the metadata init, which runs outside any graph; that
-  read of three floats is the only host sync validate mode adds, and none is inside the verify path.
+- `off`: the base serves everything;
+- `validate`: both run; the op's output is compared with the base's on the device (`record_divergence` into a
+  float32 stats[3] buffer: max |op - base| over finite elements, count of non-finite op elements, calls) and the
+  base's output is returned. Every KDTREE_VERIFY_LOG_EVERY verify steps (default 100) a summary line is logged
+  from the metadata init, which runs outside any graph; that read of three floats is its only host sync.
+A base without a TARGET_VERIFY path (torch_native) is fine while the op serves every verify layer; `off`,
+`validate` or a layer the op cannot serve then fail when the backend is built (or at that layer's first call, for
+reasons only a call shows), naming the layers and the fix.
 
-Routing (`routing.py`): a verify layer call goes to the op when the op has a kernel for its configuration on
-this device (the op's own answer: dtype, head dims, KV heads, KV-cache dtype, shared memory of the chosen
-kernel) and nothing else rules it out; otherwise the parent runs it. Decided from configuration only (no
-tensor values: the same at capture and every replay), memoized per configuration. Falls back: an fp8 KV pool
-(`--kv-cache-dtype fp8_e4m3/e5m2`, as long as the op has no kernel for it), KV scales other than 1.0,
-sliding-window layers, attention sinks, score_mod/aux tensors, non-tanh logit capping, xai temperature,
-cross/encoder attention, DCP, deterministic inference (the op is not batch-invariant), DLLM. Served: FP8-weight
-checkpoints with a KV pool in q's dtype (SGLang gives their layers k_scale = v_scale = 1.0). The first time a
-reason appears, one WARNING names the layers and the reason.
+A build of the ops library without CUDA kernels on a CUDA server is an error when the backend is built.
 
-A build of the ops library without CUDA kernels (KDTREE_OPS_CPU_ONLY=1, or no nvcc where it was built) on a
-CUDA server is an error when the backend is built, naming the fix.
-
-Padding: under DP attention SGLang pads an eager verify batch's rows to a multiple of attn_tp_size (and to
-the other ranks' count) after the requests' bs * T rows; the eager mask has as many rows as the padded batch
-(`out_cache_loc` has one per q row), all zero past the requests, so the op writes zeros there (the parent
-leaves them unwritten; nothing reads them).
+Padding: under DP attention SGLang pads an eager verify batch's rows to a multiple of attn_tp_size after the
+requests' B * T rows; the mask has as many rows as the padded batch, zero past the requests, so the op writes zeros
+there (the base may leave them unwritten; nothing reads them).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import weakref
 
 import torch
 
-from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
-from .routing import FallbackLog, VerifyCallConfig, fallback_reason, layer_kv_scales
-from .verify_metadata import GraphTreeMask, mask_words, packed_tree_mask
+from .base import BASE_ENV, BASES_WITHOUT_TARGET_VERIFY, base_backend_name, build_base
+from .delegation import BaseAttributes, forward_to_base
+from .routing import (
+    MLA_SPLIT_INPUTS,
+    FallbackLog,
+    VerifyCallConfig,
+    fallback_reason,
+    layer_kv_scales,
+    layer_ranges,
+    op_kv_scales,
+    pool_note,
+)
+from .verify_metadata import GraphVerifyBuffers, VerifyStep, eager_verify_step, mask_words
 
 logger = logging.getLogger(__name__)
 
 VERIFY_MODES = ("off", "validate", "on")
+
 
 def verify_mode_from_env() -> str:
     """KDTREE_VERIFY = off | validate | on (default on); anything else is an error naming the variable."""
@@ -81,226 +86,333 @@ def check_cuda_kernels(ops, device) -> None:
         )
 
 
-class KDTreeAttnBackend(TritonAttnBackend):
-    """TritonAttnBackend whose TARGET_VERIFY attention is the kdtree tree-verify op (GQA/MHA and MLA)."""
+def _no_verify_fix(base_name: str) -> str:
+    return (f"{base_name} has no TARGET_VERIFY path. Fix: set {BASE_ENV} to a backend that has one (triton, "
+            "flashinfer or fa3 on a GPU, intel_amx on a CPU), or launch with that --attention-backend")
 
-    def __init__(self, model_runner, *args, **kwargs):
+
+def _dequantized(rows: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """Pool rows as the op's draft rows: in q's dtype, scaled back (an fp8 pool stores value / scale)."""
+    if rows.dtype == dtype:
+        return rows
+    return (rows.to(torch.float32) * scale).to(dtype)
+
+
+@forward_to_base
+class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
+    """The kdtree op for TARGET_VERIFY (GQA/MHA and absorbed MLA) over a base backend for everything else."""
+
+    def __init__(self, model_runner):
         self.verify_mode = verify_mode_from_env()
+        self.base_name, self.base_source = base_backend_name(model_runner.server_args)
+        self._ops = None
         if self.verify_mode != "off":
             from kdtree_ops import ops  # builds/loads the library once per process
 
-            check_cuda_kernels(ops, model_runner.device)  # before the parent allocates anything
+            check_cuda_kernels(ops, model_runner.device)  # before the base allocates anything
             self._ops = ops
-        super().__init__(model_runner, *args, **kwargs)
+        self.base = build_base(model_runner, self.base_name)
+        self.device = model_runner.device
+        self.token_to_kv_pool = model_runner.token_to_kv_pool
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.max_context_len = model_runner.model_config.context_len
         # The KV pool's dtype (fp8 pools report their fp8 dtype; they store uint8).
         self._kv_dtype = getattr(self.token_to_kv_pool, "dtype", None) or model_runner.kv_cache_dtype
-        self._routes: dict[VerifyCallConfig, str] = {}
-        self._fallbacks = FallbackLog()
-        self._graph_mask: GraphTreeMask | None = None
-        # The mask and int32 qo_indptr of the step being run (eager) or captured (graph).
-        self._step_tree_mask: torch.Tensor | None = None
-        self._step_rows: int | None = None  # eager: the requests' rows (DP attention pads q past them)
-        self._step_qo_indptr: torch.Tensor | None = None
+        self._dtype = model_runner.dtype  # q's, for the layers' routes
+        self._use_mla = bool(getattr(model_runner, "use_mla_backend", False))
+        self._pool_note = pool_note(self.token_to_kv_pool, getattr(model_runner, "kv_index_translator", None))
+        self._capture_width = max(1, int(model_runner.decode_num_tokens_per_req()))
+        self._verifies = self.verify_mode != "off" and not getattr(model_runner, "is_draft_worker", False)
+        spec_algorithm = getattr(model_runner, "spec_algorithm", None)
+        self._speculative = spec_algorithm is not None and not spec_algorithm.is_none()
+        self._base_verifies = self.base_name not in BASES_WITHOUT_TARGET_VERIFY
+        from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
+
+        # The widest tree a step can bring (the graph buffers' mask words are sized for it).
+        self._max_tree_tokens = max(self._capture_width, int(get_spec().speculative_num_draft_tokens or 0))
+        self._deterministic = bool(get_exec().deterministic.enable_deterministic_inference)
+        self._dcp_size = int(get_parallel().attn_dcp_size)
+        self._routes: dict[int, tuple] = {}  # layer id -> (layer, reason): decided at the layer's first call
+        self._config_routes: dict[tuple, str] = {}  # the slow path's memo, by configuration
+        self._fallbacks = FallbackLog(self.base_name)
+        self._graph: GraphVerifyBuffers | None = None
+        self._step: VerifyStep | None = None  # the step being run (eager) or captured/replayed (graph)
+        self._step_batch = None  # its forward batch (the draft may rewrite the mask after the plan)
         self.divergence_stats = torch.zeros(3, dtype=torch.float32, device=self.device)
-        self._verify_steps = 0
+        self.verify_steps = 0
+        self.op_calls: dict[int, int] = {}  # layer id -> calls the op served (eager calls and graph captures)
+        self.base_calls: dict[int, int] = {}  # layer id -> verify calls the base served
         self._log_every = max(1, int(os.environ.get("KDTREE_VERIFY_LOG_EVERY", "100")))
-        logger.info("KDTreeAttnBackend: KDTREE_VERIFY=%s", self.verify_mode)
+        self._check_base_verify(model_runner)
+        _LIVE.append(weakref.ref(self))
+        logger.info("%s", self.status_line())
 
-    # ---- metadata ------------------------------------------------------------------------------------
+    # ---- what serves a verify layer --------------------------------------------------------------------
 
-    def _max_tree_tokens(self) -> int:
-        return max(int(self.num_draft_tokens or 0), int(self.target_verify_num_tokens_per_req or 0), 1)
-
-    def _verify_active(self, forward_batch) -> bool:
-        return (
-            self.verify_mode != "off"
-            and self.dllm_attention is None
-            and not self.skip_prefill
-            and forward_batch.forward_mode.is_target_verify()
-        )
-
-    def init_forward_metadata(self, forward_batch):
-        super().init_forward_metadata(forward_batch)
-        self._fallbacks.flush()
-        if not self._verify_active(forward_batch):
+    def _check_base_verify(self, model_runner) -> None:
+        """At build time: fails when speculative decoding would hand a verify layer to a base without verify."""
+        if not self._speculative or getattr(model_runner, "is_draft_worker", False) or self._base_verifies:
             return
-        self._maybe_log_divergence()
-        md = self.forward_metadata
-        num_tokens_per_req = self._target_verify_num_tokens_per_req(forward_batch.spec_info)
-        bs = md.qo_indptr.shape[0] - 1
-        # q's rows: the requests' bs * T, plus the rows DP attention pads after them (out_cache_loc is padded
-        # with q; forward_batch_info.prepare_mlp_sync_batch). The mask's rows past the requests are zero.
-        num_rows = max(bs * num_tokens_per_req, forward_batch.out_cache_loc.shape[0])
-        qo_indptr = md.qo_indptr.to(torch.int32)  # already int32 here: no copy
-        spec_info = forward_batch.spec_info
-        self._step_qo_indptr = qo_indptr
-        self._step_rows = bs * num_tokens_per_req  # validate mode compares these: the parent leaves padding unwritten
-        self._step_tree_mask = packed_tree_mask(
-            spec_info.custom_mask if spec_info is not None else None,
-            md.mask_indptr,
-            qo_indptr,
-            forward_batch.seq_lens,
-            num_rows,
-            mask_words(num_tokens_per_req),
-        )
+        if self.verify_mode != "on":
+            raise RuntimeError(f"kdtree attention backend: KDTREE_VERIFY={self.verify_mode} runs TARGET_VERIFY on "
+                               f"the base backend, and {_no_verify_fix(self.base_name)}")
+        needs_base: dict[str, set] = {}
+        for layer_id, reasons in self._model_layer_reasons(model_runner).items():
+            if all(reasons):  # no module of this layer can be served (MLA has an MHA twin that never verifies)
+                needs_base.setdefault(reasons[0], set()).add(layer_id)
+        for reason, layers in needs_base.items():
+            raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layers {layer_ranges(layers)} needs the "
+                               f"base backend ({reason}), and {_no_verify_fix(self.base_name)}")
 
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
-        super().init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
-        if self.verify_mode != "off" and not self.skip_prefill:
-            self._graph_mask = GraphTreeMask(
-                max_bs, max_num_tokens, mask_words(self._max_tree_tokens()), self.device
-            )
+    def _model_layer_reasons(self, model_runner) -> dict[int, list]:
+        """layer id -> the route of each RadixAttention module of the loaded model with that id."""
+        model = getattr(model_runner, "model", None)
+        found: dict[int, list] = {}
+        for module in model.modules() if isinstance(model, torch.nn.Module) else ():
+            if isinstance(module, RadixAttention):
+                config = self._call_config(self._dtype, torch.device(self.device), module, (), False)
+                found.setdefault(module.layer_id, []).append(fallback_reason(config, self._ops))
+        return found
 
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        super().init_forward_metadata_out_graph(forward_batch, in_capture)
-        self._fallbacks.flush()
-        if not self._verify_active(forward_batch) or self._graph_mask is None:
-            return
-        if not in_capture:
-            self._maybe_log_divergence()
-        spec_info = forward_batch.spec_info
-        self._graph_mask.select_source(
-            self._verify_mask is not None and spec_info is not None and spec_info.custom_mask is not None
-        )
-        bs = forward_batch.batch_size
-        self._step_qo_indptr = self._graph_mask.qo_indptr[: bs + 1]
-        self._step_rows = None
-        self._step_tree_mask = self._graph_mask.packed
-
-    def init_forward_metadata_in_graph(self, forward_batch):
-        super().init_forward_metadata_in_graph(forward_batch)
-        if not self._verify_active(forward_batch) or self._graph_mask is None:
-            return
-        bs = forward_batch.batch_size
-        self._graph_mask.refresh(
-            self._verify_mask.buffer if self._verify_mask is not None else None,
-            self.qo_indptr,
-            self.mask_indptr,
-            forward_batch.seq_lens,
-            bs,
-        )
-
-    # ---- forward -------------------------------------------------------------------------------------
-
-    def _call_config(self, q, layer, forward_batch, sinks, score_mod, aux_tensors) -> VerifyCallConfig:
+    def _call_config(self, dtype, device, layer, extras: tuple, mha_one_shot: bool) -> VerifyCallConfig:
         """The configuration of one verify layer call (attributes, dtypes, which inputs are given; no values)."""
-        extra_inputs = ()
-        if sinks is not None:
-            extra_inputs += ("sinks",)
-        if score_mod is not None:
-            extra_inputs += ("score_mod",)
-        if aux_tensors is not None:
-            extra_inputs += ("aux_tensors",)
         window = layer.sliding_window_size
         return VerifyCallConfig(
-            device=q.device,
-            dtype=q.dtype,
-            kv_dtype=self._kv_dtype,
-            head_dim_qk=layer.qk_head_dim,
-            head_dim_v=layer.v_head_dim,
-            num_kv_heads=layer.tp_k_head_num,
-            kv_scales=layer_kv_scales(layer),
-            sliding_window=-1 if window is None else window,
-            attn_type=layer.attn_type,
+            device=device, dtype=dtype, kv_dtype=self._kv_dtype, head_dim_qk=layer.qk_head_dim,
+            head_dim_v=layer.v_head_dim, num_kv_heads=layer.tp_k_head_num, kv_scales=layer_kv_scales(layer),
+            sliding_window=-1 if window is None else window, attn_type=layer.attn_type,
             cross_attention=bool(layer.is_cross_attention),
             logit_capping=layer.logit_capping_method if layer.logit_cap else "",
-            xai_temperature=getattr(layer, "xai_temperature_len", -1) not in (None, -1, 0),
-            extra_inputs=extra_inputs,
-            mha_one_shot=bool(getattr(forward_batch, "mha_one_shot", False)),
-            deterministic=bool(self.enable_deterministic),
-            dcp_size=self.dcp_size,
-        )
+            xai_temperature=getattr(layer, "xai_temperature_len", -1) not in (None, -1, 0), extra_inputs=extras,
+            mha_one_shot=mha_one_shot, deterministic=self._deterministic, dcp_size=self._dcp_size,
+            pool_note=self._pool_note)
+
+    def _route(self, q, layer, forward_batch, kwargs) -> str:
+        """"" when the op serves this call, else why the base does. Decided at a layer's first call from its
+        configuration and cached by layer id; a call with other inputs (sinks, ...) takes the slow path."""
+        extras = tuple(sorted(n for n, x in kwargs.items() if x is not None and n not in MLA_SPLIT_INPUTS)) \
+            if kwargs else ()
+        one_shot = getattr(forward_batch, "mha_one_shot", False) is True
+        cached = self._routes.get(layer.layer_id)
+        if cached is not None and cached[0] is layer and not extras and not one_shot and q.dtype == self._dtype:
+            return cached[1]
+        config = self._call_config(q.dtype, q.device, layer, extras, one_shot)
+        reason = self._fallback_reason(tuple(config), layer.layer_id)
+        if not extras and not one_shot and q.dtype == self._dtype:
+            self._routes[layer.layer_id] = (layer, reason)
+        return reason
 
     @torch.compiler.assume_constant_result
     def _fallback_reason(self, fields: tuple, layer_id: int) -> str:
-        """"" when the op serves a call of this configuration, else why the parent does; notes the fallback.
+        """The slow path: the op's answer for a configuration (a call into C++), memoized; notes a fall-back.
 
-        Memoized per configuration (the op's answer is a call into C++). Under torch.compile it runs while
-        tracing and its answer is a constant of the graph; the configuration crosses that boundary as a plain
-        tuple of its fields (dynamo passes named tuples to such functions malformed, torch 2.14).
+        Under torch.compile it runs while tracing and its answer is a constant of the graph; the configuration
+        crosses that boundary as a plain tuple of its fields (dynamo passes named tuples to such functions
+        malformed, torch 2.14).
         """
         config = VerifyCallConfig(*fields)
-        reason = self._routes.get(config)
+        reason = self._config_routes.get(config)
         if reason is None:
-            reason = self._routes[config] = fallback_reason(config, self._ops)
+            reason = self._config_routes[config] = fallback_reason(config, self._ops)
         if reason:
             self._fallbacks.note(reason, layer_id)
         return reason
 
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, sinks=None, score_mod=None,
-                       aux_tensors=None):
-        if (
-            not self._verify_active(forward_batch)
-            or self._step_tree_mask is None
-            or self._fallback_reason(tuple(self._call_config(q, layer, forward_batch, sinks, score_mod, aux_tensors)),
-                                     layer.layer_id)
-        ):
-            return super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache, sinks=sinks,
-                                          score_mod=score_mod, aux_tensors=aux_tensors)
-        if self.verify_mode == "validate":
-            ref = super().forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
-            out = self._tree_verify(q, k, v, layer, forward_batch, save_kv_cache=False, out=None)
-            rows = self._step_rows if self._step_rows is not None else out.shape[0]
-            self._ops.record_divergence(out[:rows], ref[:rows], self.divergence_stats)
+    # ---- metadata ----------------------------------------------------------------------------------------
+
+    def _is_verify(self, forward_batch) -> bool:
+        return self._verifies and forward_batch.forward_mode.is_target_verify()
+
+    def _tokens_per_req(self, spec_info) -> int:
+        n = getattr(spec_info, "num_tokens_per_req", -1) if spec_info is not None else -1
+        return n if n > 0 else self._capture_width
+
+    def _base_prepares(self, forward_batch) -> bool:
+        """Whether the base prepares this batch: everything but verify batches of a base without verify."""
+        return self._base_verifies or not forward_batch.forward_mode.is_target_verify()
+
+    def init_forward_metadata(self, forward_batch):
+        if self._base_prepares(forward_batch):
+            self.base.init_forward_metadata(forward_batch)
+        self._fallbacks.flush()
+        self._step = self._step_batch = None
+        if not self._is_verify(forward_batch):
+            return
+        self._count_step()
+        tokens = self._tokens_per_req(forward_batch.spec_info)
+        self._step = eager_verify_step(forward_batch, forward_batch.spec_info, self.req_to_token_pool.req_to_token,
+                                       tokens, mask_words(tokens), self.verify_mask)
+        self._step_batch = forward_batch
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int, *args, **kwargs):
+        self.base.init_cuda_graph_state(max_bs, max_num_tokens, *args, **kwargs)
+        if self._verifies:
+            self._graph = GraphVerifyBuffers(max_bs, max_num_tokens, self.max_context_len,
+                                             mask_words(self._max_tree_tokens), self.device)
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
+        if self._base_prepares(forward_batch):
+            self.base.init_forward_metadata_out_graph(forward_batch, in_capture=in_capture)
+        self._fallbacks.flush()
+        self._step = self._step_batch = None
+        if not self._is_verify(forward_batch) or self._graph is None:
+            return
+        if not in_capture:
+            self._count_step()
+        tokens = self._tokens_per_req(forward_batch.spec_info)
+        self._step = self._graph.fill(forward_batch, self.req_to_token_pool.req_to_token, tokens, self.verify_mask)
+        self._step_batch = forward_batch
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        if self._base_prepares(forward_batch):
+            self.base.init_forward_metadata_in_graph(forward_batch)
+
+    def update_verify_buffers_to_fill_after_draft(self, spec_info, cuda_graph_bs):
+        self.base.update_verify_buffers_to_fill_after_draft(spec_info, cuda_graph_bs)
+        fb = self._step_batch
+        if self._step is None or fb is None:
+            return
+        tokens = self._tokens_per_req(spec_info)
+        if self._step.rows is None:  # graph: repack into the static buffer the captured op reads
+            self._graph.refresh_mask(fb, spec_info, tokens, self.verify_mask)
+        else:
+            self._step = eager_verify_step(fb, spec_info, self.req_to_token_pool.req_to_token, tokens,
+                                           mask_words(tokens), self.verify_mask)
+
+    @property
+    def verify_mask(self):
+        """The base's: the draft writes its tree there, in the base's layout, and kdtree reads either layout."""
+        return self.base.verify_mask
+
+    def glue_target_verify_metadata(self) -> str:
+        return "kdtree fills its verify metadata from each step's spec info outside the graph"
+
+    # ---- forward -------------------------------------------------------------------------------------------
+
+    def forward(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if self._is_verify(forward_batch):
+            return self._verify(q, k, v, layer, forward_batch, save_kv_cache, kwargs)
+        return self.base.forward(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        if self._is_verify(forward_batch):
+            return self._verify(q, k, v, layer, forward_batch, save_kv_cache, kwargs)
+        return self.base.forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        return self.base.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def _verify(self, q, k, v, layer, forward_batch, save_kv_cache, kwargs):
+        """One verify layer call: the op, or the base (with the reason noted), or both (validate)."""
+        if self._step is None:
+            reason = "the step's verify metadata was not prepared (no metadata init saw this TARGET_VERIFY batch)"
+            self._fallbacks.note(reason, layer.layer_id)
+        else:
+            reason = self._route(q, layer, forward_batch, kwargs)
+        if reason or self.verify_mode == "validate":
+            if not self._base_verifies:
+                raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layer {layer.layer_id} needs the base "
+                                   f"backend ({reason or 'KDTREE_VERIFY=validate'}), and "
+                                   f"{_no_verify_fix(self.base_name)}")
+            if reason:
+                self._count(self.base_calls, layer.layer_id)
+                return self.base.forward(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+            clones = (None if x is None else x.clone() for x in (k, v))  # some bases scale k/v in place
+            ref = self.base.forward(q, *clones, layer, forward_batch, save_kv_cache, **kwargs)
+            out = self._tree_verify(q, k, v, layer, forward_batch, False, kwargs, out=None)
+            rows = self._step.rows if self._step.rows is not None else out.shape[0]
+            self._ops.record_divergence(out[:rows], ref.view(out.shape)[:rows], self.divergence_stats)
             return ref
-        return self._tree_verify(q, k, v, layer, forward_batch, save_kv_cache,
+        return self._tree_verify(q, k, v, layer, forward_batch, save_kv_cache, kwargs,
                                  out=getattr(forward_batch, "_attn_output", None))
 
-    def _tree_verify(self, q, k, v, layer, forward_batch, save_kv_cache: bool, out):
-        """Saves the draft K/V as the parent does, then runs the op; returns [N, Hq * Dv] like the parent."""
+    def _tree_verify(self, q, k, v, layer, forward_batch, save_kv_cache: bool, kwargs, out):
+        """Saves the draft K/V with the pool's own write, then runs the op; returns [N, Hq * Dv] like SGLang's."""
+        hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
+        dqk, dv = layer.qk_head_dim, layer.v_head_dim
+        if kwargs.get("q_rope") is not None:  # absorbed MLA in parts (fa3/flashinfer's form): the op takes it whole
+            q = torch.cat([q.view(-1, hq, dv), kwargs["q_rope"].view(-1, hq, dqk - dv)], dim=-1)
+            if k is not None:
+                k = torch.cat([k.view(-1, hkv, dv), kwargs["k_rope"].view(-1, hkv, dqk - dv)], dim=-1)
+                v = k[..., :dv]
+        q3 = q.view(-1, hq, dqk)
+        k_scale, v_scale = op_kv_scales(layer, self._kv_dtype)
         pool = self.token_to_kv_pool
-        if k is None and v is None:  # MLA paths that wrote the cache themselves: read the draft rows back
+        if k is None and v is None:  # paths that wrote the cache themselves: the draft rows read back, dequantized
             k_buffer, v_buffer = pool.get_kv_buffer(layer.layer_id)
-            k = k_buffer[forward_batch.out_cache_loc]
-            v = v_buffer[forward_batch.out_cache_loc]
+            k = _dequantized(k_buffer[forward_batch.out_cache_loc], k_scale, q3.dtype)
+            v = _dequantized(v_buffer[forward_batch.out_cache_loc], v_scale, q3.dtype)
         elif k is None or v is None:
             raise ValueError("Both k and v should be None or not None")
         elif save_kv_cache:
-            # Served layers have a pool in k's dtype and scales of 1.0 (or none): the parent's scaled write
-            # (x / 1.0, and the pool scales only on a dtype change) stores the same bytes as this plain one.
-            loc = KVWriteLoc.for_batch(forward_batch, swa_loc=self.forward_metadata.swa_out_cache_loc)
-            self._set_kv_buffer(forward_batch, layer, loc, k, v)
+            self._save_kv(layer, forward_batch, k, v)
 
-        hq, hkv = layer.tp_q_head_num, layer.tp_k_head_num
-        dqk, dv = layer.qk_head_dim, layer.v_head_dim
-        q3 = q.view(-1, hq, dqk)
         num_tokens = q3.shape[0]
         if out is None:
             out = q.new_empty((num_tokens, hq * dv))
-        tree_mask = self._step_tree_mask
-        if tree_mask.shape[0] < num_tokens:
-            raise ValueError(f"kdtree verify: q has {num_tokens} rows but the step's tree mask {tree_mask.shape[0]} "
-                             "(init_forward_metadata saw fewer rows than this forward)")
-        md = self.forward_metadata
+        step = self._step
+        if step.tree_mask.shape[0] < num_tokens:
+            raise ValueError(f"kdtree verify: q has {num_tokens} rows but the step's tree mask "
+                             f"{step.tree_mask.shape[0]} (the metadata init saw fewer rows than this forward)")
         self._ops.tree_verify_attention_out(
-            q3,
-            pool.get_key_buffer(layer.layer_id),
-            pool.get_value_buffer(layer.layer_id),
-            self._step_qo_indptr,
-            md.kv_indptr,
-            md.kv_indices,
-            tree_mask[:num_tokens],
-            layer.scaling,
-            float(layer.logit_cap or 0.0),
-            k.view(-1, hkv, dqk),
-            v.view(-1, hkv, dv),
-            out=out.view(num_tokens, hq, dv),
-        )
+            q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), step.qo_indptr,
+            step.kv_indptr, step.kv_indices, step.tree_mask[:num_tokens], layer.scaling, float(layer.logit_cap or 0.0),
+            k.view(-1, hkv, dqk).to(q3.dtype), v.reshape(-1, hkv, dv).to(q3.dtype), k_scale, v_scale,
+            out=out.view(num_tokens, hq, dv))
+        self._count(self.op_calls, layer.layer_id)
         return out
 
-    # ---- validate mode -------------------------------------------------------------------------------
+    def _save_kv(self, layer, forward_batch, k, v) -> None:
+        """The draft K/V into the pool, quantized as SGLang's backends write them (an fp8 pool stores x / scale)."""
+        pool, loc = self.token_to_kv_pool, KVWriteLoc.for_batch(forward_batch)
+        scaled = layer.k_scale is not None and k.dtype != self._kv_dtype
+        if self._use_mla:  # MLA pools take no scale: the backends divide the latent row first
+            pool.set_kv_buffer(layer, loc, k / layer.k_scale_float if scaled else k, v)
+        elif scaled:  # the pool divides in place, and k/v are the op's draft rows: copies
+            pool.set_kv_buffer(layer, loc, k.clone(), v.clone(), layer.k_scale_float, layer.v_scale_float)
+        else:
+            pool.set_kv_buffer(layer, loc, k, v)
+
+    # ---- status --------------------------------------------------------------------------------------------
+
+    def _count(self, counter: dict, layer_id: int) -> None:
+        if not torch.compiler.is_compiling():
+            counter[layer_id] = counter.get(layer_id, 0) + 1
+
+    def _count_step(self) -> None:
+        """Counts verify steps; in validate mode logs the summary every KDTREE_VERIFY_LOG_EVERY steps."""
+        self.verify_steps += 1
+        if self.verify_mode == "validate" and self.verify_steps % self._log_every == 0:
+            s = self.divergence_summary()
+            log = logger.warning if s["non_finite"] or s["max_abs_err"] > 5e-2 else logger.info
+            log("kdtree validate: %d verify steps, %d layer calls, max |kdtree - %s| = %.3e, non-finite kdtree "
+                "outputs = %d", s["steps"], s["calls"], self.base_name, s["max_abs_err"], s["non_finite"])
 
     def divergence_summary(self) -> dict:
         """Reads the validate-mode statistics (a host sync: call outside graphs and verify paths)."""
         max_abs, non_finite, calls = self.divergence_stats.tolist()
         return {"max_abs_err": max_abs, "non_finite": int(non_finite), "calls": int(calls),
-                "steps": self._verify_steps}
+                "steps": self.verify_steps}
 
-    def _maybe_log_divergence(self) -> None:
-        """Counts verify steps; in validate mode logs the summary every KDTREE_VERIFY_LOG_EVERY steps."""
-        self._verify_steps += 1
-        if self.verify_mode == "validate" and self._verify_steps % self._log_every == 0:
-            s = self.divergence_summary()
-            log = logger.warning if s["non_finite"] or s["max_abs_err"] > 5e-2 else logger.info
-            log("kdtree validate: %d verify steps, %d layer calls, max |kdtree - triton| = %.3e, "
-                "non-finite kdtree outputs = %d", s["steps"], s["calls"], s["max_abs_err"], s["non_finite"])
+    def status_line(self) -> str:
+        return (f"kdtree attention backend: TARGET_VERIFY by the kdtree op (KDTREE_VERIFY={self.verify_mode}), "
+                f"everything else by {self.base_name} ({self.base_source})")
+
+    def status(self) -> dict:
+        """What this backend did so far (plain values: SGLang's server info carries it)."""
+        state = {"status": self.status_line(), "base": self.base_name, "base_source": self.base_source,
+                 "verify_mode": self.verify_mode, "verify_steps": self.verify_steps,
+                 "op_calls": {str(i): n for i, n in sorted(self.op_calls.items())},
+                 "base_calls": {str(i): n for i, n in sorted(self.base_calls.items())},
+                 "fallbacks": {r: layer_ranges(ls) for r, ls in self._fallbacks.layers.items()}}
+        if self.verify_mode == "validate":
+            state["validate"] = self.divergence_summary()
+        return state
+
+
+_LIVE: list = []  # weak references to this process's kdtree backends, in build order
+
+
+def live_backends() -> list:
+    """This process's kdtree backends still alive (the plugin reports them in SGLang's server info)."""
+    return [b for b in (ref() for ref in _LIVE) if b is not None]

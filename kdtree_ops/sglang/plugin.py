@@ -9,17 +9,21 @@ pyproject.toml. `register()`:
 - registers a lazy factory under `kdtree` in SGLang's backend registry (`register_attention_backend`): the
   backend module, and with it the kdtree ops library, loads only when a model runner builds the backend;
 - adds `kdtree` to SGLang's deterministic-inference backends (`add_deterministic_attention_backend_choices`
-  and the radix-cache list beside it): under `--enable-deterministic-inference` the backend hands every
-  layer, TARGET_VERIFY included, to its parent TritonAttnBackend, whose kernels SGLang lists as
-  deterministic (batch-invariant). The op itself is not batch-invariant (its key split depends on the
-  whole batch), so it does not run in that mode, and the backend says so in one WARNING line;
-- registers one HookRegistry AFTER hook on `resolve_dflash_verify_mask_policy`: DFLASH chooses whether
-  to build a custom verify mask by the backend's *class name*, and a name it does not know (ours) gets the
-  dense custom-mask path. KDTreeAttnBackend verifies DFLASH's causal block like its parent TritonAttnBackend,
-  so the hook gives it the parent's policy (no custom mask);
+  and the radix-cache list beside it): under `--enable-deterministic-inference` every layer, TARGET_VERIFY
+  included, runs on kdtree's base backend (name a batch-invariant one: SGLang lists triton, flashinfer, fa3,
+  ...). The op itself is not batch-invariant (its key split depends on the whole batch), so it does not run in
+  that mode, and the backend says so in one WARNING line;
+- registers one HookRegistry AFTER hook on `resolve_dflash_verify_mask_policy`: DFLASH chooses whether to build a
+  custom verify mask by the backend's *class name*, and a name it does not know (ours) gets the dense custom-mask
+  path. kdtree reads a causal block with or without a mask; its base, which runs the layers the op does not,
+  needs what SGLang decides for the base's class, so the hook answers the base's policy;
 - registers one HookRegistry AFTER hook on `configure_logger`: SGLang loads plugins before it configures
   logging, so an INFO line logged by `register()` itself would be lost; the hook logs the success line once
-  per process, as soon as SGLang's logging is set up (at once if logging was configured before).
+  per process, as soon as SGLang's logging is set up (at once if logging was configured before);
+- registers one HookRegistry AFTER hook on the scheduler's `get_internal_state`: the answer gains `kdtree`, the
+  status of each kdtree backend of that scheduler process (base, mode, verify steps, op and base calls per
+  layer, fall-backs, validate statistics), so `Engine.get_server_info()["internal_states"][i]["kdtree"]` (and the
+  HTTP server's /get_server_info) show what ran where, across the process boundary.
 SGLang applies the hooks itself (`HookRegistry.apply_hooks()` at the end of `load_plugins()`); nothing here
 patches anything.
 
@@ -38,6 +42,9 @@ BACKEND_NAME = "kdtree"
 BACKEND_CLASS_NAME = "KDTreeAttnBackend"
 DFLASH_POLICY_TARGET = "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy"
 CONFIGURE_LOGGER_TARGET = "sglang.srt.utils.common.configure_logger"
+INTERNAL_STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
+                         "SchedulerInternalStateController.get_internal_state")
+STATE_KEY = "kdtree"
 SUCCESS_LINE = f"kdtree_ops: registered SGLang attention backend {BACKEND_NAME!r} (KDTREE_VERIFY modes: off|validate|on)"
 
 _registered = False
@@ -46,25 +53,55 @@ _status_logged = False
 
 def create_kdtree_backend(runner):
     """SGLang backend factory (`ATTENTION_BACKENDS["kdtree"]`): imports the backend on first use."""
-    assert not runner.model_config.is_encoder_decoder, (
-        "Cross attention is not supported by the kdtree attention backend (a TritonAttnBackend subclass)."
-    )
     from .backend import KDTreeAttnBackend
 
     return KDTreeAttnBackend(runner)
 
 
-def dflash_verify_mask_policy_hook(result, *args, **kwargs):
-    """AFTER hook on `resolve_dflash_verify_mask_policy`: KDTreeAttnBackend gets TritonAttnBackend's policy.
+def _kdtree_backend_in(backend):
+    """The KDTreeAttnBackend that runs TARGET_VERIFY under SGLang's wrappers (hybrid, TBO, linear-attention), or
+    None. The same walk as resolve_dflash_verify_mask_policy's."""
+    for _ in range(4):
+        if type(backend).__name__ == BACKEND_CLASS_NAME:
+            return backend
+        if hasattr(type(backend), "_select_backend") and not hasattr(backend, "base"):
+            from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    The original returns `(backend_class_name, build_custom_mask)`; SGLang lists TritonAttnBackend among the
-    backends that verify DFLASH's block through their causal path (`build_custom_mask=False`). The
-    subclass does the same (its verify kernel treats a missing custom mask as the causal chain).
+            backend = backend._select_backend(ForwardMode.TARGET_VERIFY)
+        else:
+            backend = getattr(backend, "primary", None) or getattr(backend, "full_attn_backend", None)
+        if backend is None:
+            return None
+    return None
+
+
+def dflash_verify_mask_policy_hook(result, attn_backend=None, *args, **kwargs):
+    """AFTER hook on `resolve_dflash_verify_mask_policy`: a kdtree backend gets its base's policy.
+
+    The original returns `(backend_class_name, build_custom_mask)` by class name. kdtree verifies DFLASH's block
+    with or without a mask; the base serves the layers the op does not (and validate mode), so the mask is built
+    when the base's class needs one.
     """
     name, _build_custom_mask = result
-    if name == BACKEND_CLASS_NAME:
-        return name, False
-    return None  # unchanged
+    if name != BACKEND_CLASS_NAME:
+        return None  # unchanged
+    kdtree = _kdtree_backend_in(attn_backend)
+    if getattr(kdtree, "base", None) is None:
+        return None
+    from sglang.srt.speculative import dflash_utils
+
+    return name, dflash_utils.resolve_dflash_verify_mask_policy(kdtree.base)[1]
+
+
+def internal_state_hook(result, *args, **kwargs):
+    """AFTER hook on the scheduler's get_internal_state: adds the status of this process's kdtree backends."""
+    import sys
+
+    backend_module = sys.modules.get("kdtree_ops.sglang.backend")  # never imported: no kdtree backend here
+    state = getattr(result, "internal_state", None)
+    if backend_module is not None and isinstance(state, dict):
+        state[STATE_KEY] = [b.status() for b in backend_module.live_backends()]
+    return None  # the (updated) result is kept
 
 
 def log_status_once(*_args, **_kwargs) -> None:
@@ -104,6 +141,7 @@ def register() -> None:
                 added.append(lambda names=names: names.remove(BACKEND_NAME))
         HookRegistry.register(DFLASH_POLICY_TARGET, dflash_verify_mask_policy_hook, HookType.AFTER)
         HookRegistry.register(CONFIGURE_LOGGER_TARGET, log_status_once, HookType.AFTER)
+        HookRegistry.register(INTERNAL_STATE_TARGET, internal_state_hook, HookType.AFTER)
     except Exception as exc:
         # All or nothing: a CLI choice without its factory would fail later, far from the cause.
         for undo in reversed(added):

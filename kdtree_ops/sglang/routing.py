@@ -1,20 +1,21 @@
-"""Which TARGET_VERIFY layer calls the kdtree op serves, and which go to the parent (TritonAttnBackend).
+"""Which TARGET_VERIFY layer calls the kdtree op serves, and which go to the base backend.
 
-Decided from configuration only, never from tensor values, so the answer is the same at capture and at
-every replay: the layer's attributes (head dims, KV heads, the KV scales SGLang loaded as Python floats,
-sliding window, capping, attention type), the dtypes and device of q and of the KV pool, which optional
-inputs the call carries, and the backend's own switches. The op answers for itself what it has a kernel
-for on this device (`ops.kernel_unsupported_reason`: dtype, head dims, KV heads, KV dtype, the shared memory
-its configuration needs); this module adds what the backend does not pass to the op (KV scales, sinks,
-windows, ...).
+Decided from configuration only, never from tensor values, so the answer is the same at capture and at every
+replay: the layer's attributes (head dims, KV heads, the KV scales SGLang loaded as Python floats, sliding window,
+capping, attention type), the dtypes and device of q and of the KV pool, the pool's kind, which optional inputs the
+call carries, and the backend's own switches. The op answers for itself what it has a kernel for on this device
+(`ops.kernel_unsupported_reason`: dtype, head dims, KV heads, KV dtype, the shared memory its configuration
+needs); this module adds what the backend does not pass to the op (sinks, windows, block-scaled pools, ...).
 
-FP8-weight checkpoints give every RadixAttention an `Fp8KVCacheMethod` whose scales are 1.0 when the
-checkpoint has none, also with a KV pool in q's dtype (sglang 0.5.23, quantization/kv_cache.py): such layers
-are served. An fp8 pool is served once the op answers yes for its dtype; until the op applies scales, only
-with k_scale = v_scale = 1.0.
+KV scales. An fp8 pool (`--kv-cache-dtype fp8_e4m3/fp8_e5m2`) stores value / scale with the layer's per-tensor
+`k_scale_float`/`v_scale_float` (1.0 when the checkpoint has none); where the op answers yes for the pool's dtype,
+it serves the layer with those scales as its k_scale/v_scale. FP8-weight checkpoints give every RadixAttention an
+`Fp8KVCacheMethod` whose scales are 1.0 when the checkpoint has none, also over a pool in q's dtype (sglang 0.5.23,
+quantization/kv_cache.py): served. Scales other than 1.0 over a pool in q's dtype fall back: SGLang's Triton kernel
+multiplies such a cache by them, and the op scales fp8 caches only. Block-scaled pools (FP4, MXFP8) fall back.
 
-Every layer call that falls back is noted with its reason; `FallbackLog.flush` (run from the metadata init,
-outside any graph) logs one WARNING per distinct reason the first time it appears, naming the layers.
+Every layer that falls back is noted with its reason; `FallbackLog.flush` (run from the metadata init, outside any
+graph) logs one WARNING per distinct reason the first time it appears, naming the layers.
 """
 
 from __future__ import annotations
@@ -27,6 +28,10 @@ import torch
 from sglang.srt.layers.radix_attention import AttentionType
 
 logger = logging.getLogger(__name__)
+
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# Keyword inputs the op takes as they come: absorbed MLA's rope parts, which the backend concatenates.
+MLA_SPLIT_INPUTS = ("q_rope", "k_rope")
 
 
 class VerifyCallConfig(NamedTuple):
@@ -44,17 +49,20 @@ class VerifyCallConfig(NamedTuple):
     cross_attention: bool
     logit_capping: str  # "" without capping, else the method
     xai_temperature: bool
-    extra_inputs: tuple  # names of the optional inputs the call carries (sinks, score_mod, aux_tensors)
+    extra_inputs: tuple  # names of the optional inputs the call carries (sinks, score_mod, aux_tensors, ...)
     mha_one_shot: bool
     deterministic: bool  # --enable-deterministic-inference
     dcp_size: int
+    pool_note: str  # "" for a plain token-slot pool, else why its slots or bytes are not the op's
 
 
 def fallback_reason(config: VerifyCallConfig, ops) -> str:
-    """"" when the op serves a call of this configuration, else why the parent's kernel does (one phrase)."""
+    """"" when the op serves a call of this configuration, else why the base's kernel does (one phrase)."""
     if config.deterministic:
         return ("deterministic inference: the op cuts a request's keys into pieces by the whole batch's work "
-                "(not batch-invariant); TritonAttnBackend's batch-invariant kernels serve")
+                "(not batch-invariant); the base backend's batch-invariant kernels serve")
+    if config.pool_note:
+        return config.pool_note
     if config.dcp_size > 1:
         return f"decode-context parallelism (attn_dcp_size = {config.dcp_size})"
     if config.mha_one_shot:
@@ -73,8 +81,16 @@ def fallback_reason(config: VerifyCallConfig, ops) -> str:
                                                 config.head_dim_v, config.num_kv_heads, kv_dtype=config.kv_dtype)
     if unsupported:
         return f"{unsupported} (q {config.dtype}, KV cache {config.kv_dtype}, {config.device.type})"
-    if config.kv_scales is not None and config.kv_scales != (1.0, 1.0):
-        return f"KV scales (k, v) = {config.kv_scales}: the op applies none"
+    scales = config.kv_scales
+    if scales is not None and None in scales:
+        return "KV scales not loaded (the layer has scale tensors but no float copies yet)"
+    if config.kv_dtype in FP8_DTYPES:
+        if scales is not None and not all(s > 0 and s != float("inf") for s in scales):
+            return f"fp8 KV scales (k, v) = {scales} (the op needs finite scales > 0)"
+        return ""
+    if scales is not None and scales != (1.0, 1.0):
+        return (f"KV scales (k, v) = {scales} over a {config.kv_dtype} KV cache (the base's kernel multiplies that "
+                "cache by them; the op scales fp8 caches only)")
     return ""
 
 
@@ -83,9 +99,31 @@ def layer_kv_scales(layer) -> tuple | None:
 
     A layer with scale tensors but no float copies yet (weights not loaded) gets (None, None): it falls back.
     """
-    if layer.k_scale is None and layer.v_scale is None:
+    if getattr(layer, "k_scale", None) is None and getattr(layer, "v_scale", None) is None:
         return None
     return (getattr(layer, "k_scale_float", None), getattr(layer, "v_scale_float", None))
+
+
+def op_kv_scales(layer, kv_dtype: torch.dtype) -> tuple[float, float]:
+    """The (k_scale, v_scale) the op multiplies the pool's stored values by: the layer's scales for an fp8 pool
+    (1.0 where the checkpoint has none, as SGLang's kernels read them), else 1.0."""
+    if kv_dtype not in FP8_DTYPES:
+        return 1.0, 1.0
+    scales = layer_kv_scales(layer) or (1.0, 1.0)
+    return float(scales[0] or 1.0), float(scales[1] or 1.0)
+
+
+def pool_note(pool, translator) -> str:
+    """Why a pool's slots or bytes are not what the op reads, or "" for a plain token-slot pool."""
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+
+    if isinstance(pool, SWAKVPool):
+        return "a hybrid sliding-window KV pool (its window layers' slots are translated)"
+    if translator is not None and getattr(translator, "is_translating", False):
+        return "a unified KV pool (req_to_token holds virtual ids)"
+    if getattr(pool, "is_quantized_kv_cache", False) or getattr(pool, "k_scale_buffer", None) is not None:
+        return f"a block-scaled KV cache ({type(pool).__name__}; the op takes per-tensor scales only)"
+    return ""
 
 
 def layer_ranges(layer_ids) -> str:
@@ -104,11 +142,14 @@ def layer_ranges(layer_ids) -> str:
 class FallbackLog:
     """The layers that fell back, per reason; one WARNING per reason, the first time it is seen."""
 
-    def __init__(self):
+    def __init__(self, base_name: str = "the base backend"):
+        self.base_name = base_name
         self._pending: dict[str, set] = {}
         self._logged: set[str] = set()
+        self.layers: dict[str, set] = {}  # every reason seen, with its layers (for the status)
 
     def note(self, reason: str, layer_id: int) -> None:
+        self.layers.setdefault(reason, set()).add(layer_id)
         if reason not in self._logged:
             self._pending.setdefault(reason, set()).add(layer_id)
 
@@ -116,7 +157,7 @@ class FallbackLog:
         """Outside graphs (the metadata init): logs the reasons noted since the last flush for the first time."""
         for reason, layers in self._pending.items():
             plural = "s" if len(layers) > 1 else ""
-            logger.warning("kdtree: TARGET_VERIFY of layer%s %s runs on TritonAttnBackend's kernel: %s",
-                           plural, layer_ranges(layers), reason)
+            logger.warning("kdtree: TARGET_VERIFY of layer%s %s runs on %s's kernel: %s",
+                           plural, layer_ranges(layers), self.base_name, reason)
             self._logged.add(reason)
         self._pending.clear()

@@ -1,23 +1,49 @@
-"""The packed tree mask of a TARGET_VERIFY step, built on the device from SGLang's verify metadata.
+"""kdtree's own metadata of a TARGET_VERIFY step: token slots from req_to_token and the packed tree mask.
 
-SGLang hands a verify step either a dense custom mask (FULL_MASK layout: request b's rows are
-`[T_b x (L_b + T_b)]` booleans at `mask_indptr[b]`; EAGLE topk>1 and NGRAM trees) or no mask at all (DFLASH's
-block and EAGLE chains: plain causal order among the draft tokens). Both become the op's packed mask
-`[N, W]` int32 (bit j of row i: draft token i sees draft token j of its request):
+Every layer of a step shares it: `qo_indptr` (request b's T draft rows), `kv_indptr`/`kv_indices` (its committed
+prefix, `seq_lens[b]` token slots read from `req_to_token`; the draft tokens' K/V go to the op row-aligned with q)
+and the op's packed mask `[N, W]` int32 (bit j of row i: draft token i sees draft token j of its request). None of
+it comes from the base backend, so any base serves (and SGLang's page size does not matter: req_to_token holds
+token slots at every page size).
 
-- a dense mask through `tree_mask_from_dense`;
-- no mask through `tree_mask_from_parents` with parent(j) = j - 1 (a chain).
+The mask comes from SGLang's spec info in one of its layouts (eagle_utils.TreeMaskMode), or from none:
+- FULL_MASK (GPU trees): request b's rows are `[T x (L_b + T)]` booleans at `sum_{c<b} T (L_c + T)`;
+- QLEN_ONLY (every CPU tree, GPU chains): request b's rows are `[T x T]` at `b T T`, the draft columns only;
+- no mask (DFLASH's block, EAGLE chains in some flows): plain causal order among the draft tokens.
+A mask is the base's preallocated verify buffer (layout: its VerifyMask's mode) or a tensor the worker built for
+the batch (layout: QLEN_ONLY exactly when it has B T T elements; with every L_b = 0 both layouts coincide).
 
-Everything here is device work with shapes fixed by the caller: no `.item()`, no host sync, so the graph
-variant is recorded into a CUDA graph and re-runs on every replay.
+Everything here is device work with shapes fixed by the caller (no `.item()`, no host sync), so the graph variant
+fills static buffers at capture and before every replay.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 # int32 words per packed-mask row for trees of up to N draft tokens (at least 1); the backend imports it here.
 from ..shapes import mask_words
+
+FULL_MASK, QLEN_ONLY = 0, 1  # sglang's TreeMaskMode values (kernels/ops/speculative/spec_tree.py)
+
+
+class VerifyStep(NamedTuple):
+    """The op's metadata of one verify step (shared by every layer)."""
+
+    qo_indptr: torch.Tensor  # [B+1] int32
+    kv_indptr: torch.Tensor  # [B+1] int32
+    kv_indices: torch.Tensor  # [>= kv_indptr[B]] int32 prefix slots
+    tree_mask: torch.Tensor  # [>= N, W] int32
+    rows: int | None  # the requests' rows (eager; DP attention pads q past them), None under graphs
+
+
+def mask_layout(custom_mask: torch.Tensor, bs: int, tokens: int, verify_mask) -> int:
+    """FULL_MASK or QLEN_ONLY for a spec info's mask (see the module docstring)."""
+    if verify_mask is not None and custom_mask.data_ptr() == verify_mask.buffer.data_ptr():
+        return int(verify_mask.mode)
+    return QLEN_ONLY if custom_mask.numel() == bs * tokens * tokens else FULL_MASK
 
 
 def chain_parents(qo_indptr: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -33,77 +59,116 @@ def chain_parents(qo_indptr: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return (rows - qo_indptr[req] - 1).to(torch.int32)
 
 
-def packed_tree_mask(
-    custom_mask: torch.Tensor | None,
-    mask_indptr: torch.Tensor,
-    qo_indptr: torch.Tensor,
-    prefix_lens: torch.Tensor,
-    num_tokens: int,
-    words: int,
-) -> torch.Tensor:
-    """[num_tokens, words] int32 packed mask of one verify step (eager: the mask's presence is known).
+def packed_tree_mask(custom_mask: torch.Tensor | None, layout: int, qo_indptr: torch.Tensor,
+                     prefix_lens: torch.Tensor, num_tokens: int, words: int) -> torch.Tensor:
+    """[num_tokens, words] int32 packed mask of one step; rows past qo_indptr[B] are zero.
 
     Args:
-        custom_mask: SGLang's flat FULL_MASK (bool/uint8), or None for causal chains.
-        mask_indptr: [>= B] int32/int64 start of each request's rows in custom_mask.
-        qo_indptr: [B+1] int32 draft-token offsets.
-        prefix_lens: [B] int32/int64 committed prefix lengths L_b (SGLang's verify `seq_lens`).
+        custom_mask: SGLang's flat mask (bool/uint8) in `layout`, or None for causal chains.
+        layout: FULL_MASK or QLEN_ONLY.
+        qo_indptr: [B+1] int32 draft-token offsets (T tokens per request).
+        prefix_lens: [>= B] int committed prefix lengths L_b (SGLang's verify `seq_lens`).
     """
     from kdtree_ops import ops
 
     bs = qo_indptr.shape[0] - 1
-    if custom_mask is not None:
-        return ops.tree_mask_from_dense(custom_mask, mask_indptr[:bs], qo_indptr, prefix_lens[:bs], num_tokens, words)
-    rows = torch.arange(num_tokens, dtype=torch.int32, device=qo_indptr.device)
-    return ops.tree_mask_from_parents(chain_parents(qo_indptr, rows), qo_indptr, words)
+    if custom_mask is None:
+        rows = torch.arange(num_tokens, dtype=torch.int32, device=qo_indptr.device)
+        return ops.tree_mask_from_parents(chain_parents(qo_indptr, rows), qo_indptr, words)
+    tokens = (qo_indptr[1:] - qo_indptr[:-1]).to(torch.int64)
+    if layout == QLEN_ONLY:  # the draft columns only: a FULL_MASK whose prefixes are empty
+        prefix = torch.zeros(bs, dtype=torch.int64, device=qo_indptr.device)
+    else:
+        prefix = prefix_lens[:bs].to(torch.int64)
+    sizes = tokens * (prefix + tokens)
+    mask_indptr = torch.cumsum(sizes, 0) - sizes  # exclusive
+    return ops.tree_mask_from_dense(custom_mask, mask_indptr, qo_indptr, prefix, num_tokens, words)
 
 
-class GraphTreeMask:
-    """Static buffers of the packed mask under CUDA graphs (shared by every captured batch size).
+def fill_prefix_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+                      kv_indptr: torch.Tensor, out: torch.Tensor, max_len: int) -> None:
+    """out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], j] for j < prefix_lens[b] (b < len(prefix_lens)).
 
-    `select_source` runs outside the graph (capture and every replay): it records on the device whether this
-    step carries a dense mask. `refresh` runs inside the graph (`init_forward_metadata_in_graph`): it
-    rebuilds `packed` from the dense verify buffer *and* the chain, and keeps the one the flag selects —
-    so a graph captured from a spec info without a mask still honours the tree of a later replay.
+    The other columns of the [B, max_len] gather land on out's last entry, a scratch slot past every request's
+    entries (so `out` needs sum(prefix_lens) + 1 entries); no host sync.
+    """
+    bs = prefix_lens.shape[0]
+    max_len = min(max_len, req_to_token.shape[1])
+    cols = torch.arange(max_len, dtype=torch.int64, device=out.device)
+    table = req_to_token[req_pool_indices[:bs].to(torch.int64), :max_len]
+    dest = kv_indptr[:bs, None].to(torch.int64) + cols[None, :]
+    dest = torch.where(cols[None, :] < prefix_lens[:, None].to(torch.int64), dest, out.shape[0] - 1)
+    out.scatter_(0, dest.reshape(-1), table.reshape(-1).to(out.dtype))
+
+
+def _indptr(lengths: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """Writes [0, cumsum(lengths)] (int32) into out[: len + 1] and returns that view."""
+    view = out[: lengths.shape[0] + 1]
+    view[:1].zero_()
+    torch.cumsum(lengths.to(torch.int32), 0, dtype=torch.int32, out=view[1:])
+    return view
+
+
+def eager_verify_step(forward_batch, spec_info, req_to_token: torch.Tensor, tokens: int, words: int,
+                      verify_mask) -> VerifyStep:
+    """The metadata of an eager verify step (fresh tensors; host lengths used where the batch has them)."""
+    bs = forward_batch.batch_size
+    device = forward_batch.seq_lens.device
+    prefix = forward_batch.seq_lens[:bs]
+    qo_indptr = torch.arange(0, (bs + 1) * tokens, tokens, dtype=torch.int32, device=device)
+    kv_indptr = _indptr(prefix, torch.empty(bs + 1, dtype=torch.int32, device=device))
+    host_lens = getattr(forward_batch, "seq_lens_cpu", None)
+    max_len = int(host_lens[:bs].max()) if host_lens is not None and bs > 0 else req_to_token.shape[1]
+    kv_indices = torch.empty(bs * max_len + 1, dtype=torch.int32, device=device)
+    fill_prefix_slots(req_to_token, forward_batch.req_pool_indices, prefix, kv_indptr, kv_indices, max_len)
+    # q's rows: the requests' B T, plus the rows DP attention pads after them (out_cache_loc is padded with q;
+    # forward_batch_info.prepare_mlp_sync_batch). The mask's rows past the requests are zero.
+    num_rows = max(bs * tokens, forward_batch.out_cache_loc.shape[0])
+    custom_mask = getattr(spec_info, "custom_mask", None)
+    layout = mask_layout(custom_mask, bs, tokens, verify_mask) if custom_mask is not None else FULL_MASK
+    tree_mask = packed_tree_mask(custom_mask, layout, qo_indptr, prefix, num_rows, words)
+    return VerifyStep(qo_indptr, kv_indptr, kv_indices, tree_mask, bs * tokens)
+
+
+class GraphVerifyBuffers:
+    """Static buffers of the step metadata under CUDA graphs (shared by every captured batch size).
+
+    `fill` runs outside the graph, at capture and before every replay (`init_forward_metadata_out_graph`), and
+    again when the draft rewrites the mask after the plan (`update_verify_buffers_to_fill_after_draft`): it reads
+    the step's own spec info, so a graph captured from a spec info without a mask still verifies the tree of
+    every later replay, in whichever layout it comes. The captured op reads the buffers at their fixed addresses.
     """
 
-    def __init__(self, max_bs: int, max_num_tokens: int, words: int, device: torch.device | str):
-        self.words = words
+    def __init__(self, max_bs: int, max_num_tokens: int, max_context_len: int, words: int, device):
+        self.words, self.max_context_len = words, max_context_len
+        self.qo_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)  # [B_max+1]
+        self.kv_indptr = torch.zeros(max_bs + 1, dtype=torch.int32, device=device)  # [B_max+1]
+        self.kv_indices = torch.zeros(max_bs * max_context_len + 1, dtype=torch.int32, device=device)
         self.packed = torch.zeros((max_num_tokens, words), dtype=torch.int32, device=device)  # [N_max, W]
-        self.qo_indptr = torch.zeros((max_bs + 1,), dtype=torch.int32, device=device)  # [B_max+1] int32 view
-        self.rows = torch.arange(max_num_tokens, dtype=torch.int32, device=device)  # [N_max]
-        self.use_dense = torch.zeros((1,), dtype=torch.bool, device=device)  # set per step, read in graph
 
-    def select_source(self, has_dense_mask: bool) -> None:
-        """Outside the graph: one device fill, no sync."""
-        self.use_dense.fill_(has_dense_mask)
-
-    def refresh(
-        self,
-        dense_buffer: torch.Tensor | None,
-        qo_indptr_src: torch.Tensor,
-        mask_indptr: torch.Tensor,
-        prefix_lens: torch.Tensor,
-        bs: int,
-    ) -> None:
-        """Inside the graph: rebuild `packed` (all rows; rows past qo_indptr[bs] become zero).
-
-        Args:
-            dense_buffer: SGLang's static verify-mask buffer (FULL_MASK, uint8), or None when it has none.
-            qo_indptr_src: [bs+1] any int dtype: the parent's static qo_indptr.
-            mask_indptr: [>= bs] int64: the parent's static mask_indptr.
-            prefix_lens: [bs] int: the runner's static seq_lens.
-        """
-        from kdtree_ops import ops
-
+    def fill(self, forward_batch, req_to_token: torch.Tensor, tokens: int, verify_mask) -> VerifyStep:
+        """Writes the step (bucket `forward_batch.batch_size`, padded requests after the real ones)."""
+        if tokens > 32 * self.words:
+            raise ValueError(f"kdtree verify: a step of {tokens} draft tokens per request exceeds the graph buffers' "
+                             f"{32 * self.words} (sized for the server's --speculative-num-draft-tokens)")
+        bs = forward_batch.batch_size
+        prefix = forward_batch.seq_lens[:bs]
         qo = self.qo_indptr[: bs + 1]
-        qo.copy_(qo_indptr_src[: bs + 1])
-        num_tokens = self.packed.shape[0]
-        chain = ops.tree_mask_from_parents(chain_parents(qo, self.rows), qo, self.words)
-        if dense_buffer is None:
-            self.packed.copy_(chain)
-            return
-        dense = ops.tree_mask_from_dense(
-            dense_buffer, mask_indptr[:bs], qo, prefix_lens[:bs], num_tokens, self.words
-        )
-        torch.where(self.use_dense, dense, chain, out=self.packed)
+        qo.copy_(torch.arange(0, (bs + 1) * tokens, tokens, dtype=torch.int32, device=qo.device))
+        kv_indptr = _indptr(prefix, self.kv_indptr)
+        host_lens = getattr(forward_batch, "seq_lens_cpu", None)  # outside the graph, a host bound may be used
+        max_len = int(host_lens[:bs].max()) if host_lens is not None and bs > 0 else self.max_context_len
+        fill_prefix_slots(req_to_token, forward_batch.req_pool_indices, prefix, kv_indptr, self.kv_indices,
+                          min(max_len, self.max_context_len))
+        self.refresh_mask(forward_batch, forward_batch.spec_info, tokens, verify_mask)
+        return VerifyStep(qo, kv_indptr, self.kv_indices, self.packed, None)
+
+    def refresh_mask(self, forward_batch, spec_info, tokens: int, verify_mask) -> None:
+        """Packs the spec info's mask (its real requests: a graph bucket pads past them) into `packed`."""
+        bs = forward_batch.batch_size
+        real = bs - int(getattr(forward_batch, "num_padding", 0) or 0)
+        custom_mask = getattr(spec_info, "custom_mask", None)
+        layout = mask_layout(custom_mask, real, tokens, verify_mask) if custom_mask is not None else FULL_MASK
+        packed = packed_tree_mask(custom_mask, layout, self.qo_indptr[: real + 1], forward_batch.seq_lens[:real],
+                                  self.packed.shape[0], self.words)
+        self.packed.copy_(packed)

@@ -1,0 +1,86 @@
+"""The test side of engine_driver.py: starts the driver process and sends it requests (TEST ONLY)."""
+
+from __future__ import annotations
+
+import json
+import selectors
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from .engine_driver import driver_env
+
+REPLY_TIMEOUT_S = 600
+
+
+class EngineError(RuntimeError):
+    pass
+
+
+class EngineHost:
+    """One driver process; `start(...)` replaces its Engine. SGLang's log goes to `log_path`."""
+
+    def __init__(self):
+        self.log_path = Path(tempfile.mkstemp(prefix="kdtree_engine_", suffix=".log")[1])
+        self._log = open(self.log_path, "w")
+        self.proc = subprocess.Popen([sys.executable, "-m", "sglang_cpu.engine_driver"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True, env=driver_env(),
+                                     cwd=str(Path(__file__).resolve().parents[1]))
+        self._log_offset = 0
+
+    def log_tail(self, chars: int = 6000) -> str:
+        self._log.flush()
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def new_log(self) -> str:
+        """The log written since the last call (one engine's lines, for the tests that read them)."""
+        self._log.flush()
+        text = self.log_path.read_text(errors="replace")
+        new, self._log_offset = text[self._log_offset:], len(text)
+        return new
+
+    def request(self, cmd: str, **args) -> dict:
+        if self.proc.poll() is not None:
+            raise EngineError(f"the engine driver exited ({self.proc.returncode}); its log:\n{self.log_tail()}")
+        self.proc.stdin.write(json.dumps({"cmd": cmd, **args}) + "\n")
+        self.proc.stdin.flush()
+        with selectors.DefaultSelector() as sel:
+            sel.register(self.proc.stdout, selectors.EVENT_READ)
+            if not sel.select(REPLY_TIMEOUT_S):
+                raise EngineError(f"no reply to {cmd!r} in {REPLY_TIMEOUT_S} s; the log:\n{self.log_tail()}")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise EngineError(f"the engine driver died during {cmd!r}; its log:\n{self.log_tail()}")
+        reply = json.loads(line)
+        if not reply.pop("ok"):
+            raise EngineError(f"{cmd} failed: {reply['error']}\nthe log:\n{self.log_tail()}")
+        return reply
+
+    def start(self, model_path: str, env: dict | None = None, **engine) -> None:
+        settings = dict(model_path=model_path, device="cpu", dtype="float32", mem_fraction_static=0.5,
+                        max_total_tokens=4096, disable_cuda_graph=True, log_level="info", random_seed=0)
+        settings.update(engine)
+        self.request("start", engine=settings, env=env or {})
+
+    def generate(self, input_ids, max_new_tokens: int, top_logprobs_num: int = 0) -> list:
+        params = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+        return self.request("generate", input_ids=input_ids, sampling_params=params,
+                            top_logprobs_num=top_logprobs_num)["outputs"]
+
+    def kdtree_status(self) -> list:
+        """The status of every kdtree backend of the engine's scheduler (plugin's internal-state hook)."""
+        states = self.request("server_info")["internal_states"]
+        return states[0].get("kdtree", [])
+
+    def stop(self) -> None:
+        self.request("stop")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.request("exit")
+                self.proc.wait(timeout=120)
+            except Exception:
+                self.proc.kill()
+        self._log.close()
