@@ -10,8 +10,8 @@ kdtree is built over each base of `gpu_bases()` (triton; flashinfer where instal
 - `torch.compile(fullgraph=True)` of the layer forward (zero graph breaks; the triton backend's count is
   recorded in KDTREE_SGLANG_RESULTS, default /tmp/kdtree_sglang_gpu_results.json);
 - validate mode inside a captured graph: a planted divergence shows up in the stats, read after replay;
-- fp8 pools: served where the op has an fp8 CUDA kernel (none verified yet: they fall back to the base with one
-  line, eager and captured, and the output is the base's bit for bit).
+- fp8 pools: served where the op answers yes for the pool's fp8 dtype (verified on sm_90a since 2026-12-02); where it
+  answers no, they fall back to the base with one line, eager and captured, and the output is the base's bit for bit.
 """
 
 from __future__ import annotations
@@ -254,8 +254,8 @@ def test_fp8_checkpoint_bf16_pool_is_served_eager_and_graph(monkeypatch, arch):
 
 @pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2], ids=["e4m3", "e5m2"])
 def test_fp8_pool_follows_the_op_answer_eager_and_graph(monkeypatch, caplog, kv_dtype):
-    """Where the op answers no for an fp8 CUDA cache (until its kernels are verified), the base serves with one
-    line and its output is returned bit for bit; where it answers yes, the op serves."""
+    """Where the op answers no for an fp8 CUDA cache (a family not verified for the GPU's class), the base serves with
+    one line and its output is returned bit for bit; where it answers yes, the op serves."""
     from kdtree_ops import ops
 
     monkeypatch.setenv("KDTREE_VERIFY", "on")
