@@ -122,3 +122,18 @@ def selected_params(request, param: str) -> list:
     """The values of parametrize argument `param` among this session's items of the requesting module."""
     return [item.callspec.params[param] for item in request.session.items
             if item.module is request.module and hasattr(item, "callspec") and param in item.callspec.params]
+
+
+def bad_input_jobs(request, module: str, value_cases) -> dict[str, Job]:
+    """The selected `case_id`s of a DDTree suite's bad-input test as jobs of `module.raise_bad_input(case_id, "cuda")`,
+    the value checks with KDTREE_OPS_DEBUG=1 (the only mode in which CUDA reads values)."""
+    return {case_id: Job(module, "raise_bad_input", (case_id, "cuda"), (
+        ("KDTREE_OPS_DEBUG", "1" if case_id in value_cases else None), ("KDTREE_OPS_UNVERIFIED", "1")))
+        for case_id in selected_params(request, "case_id")}
+
+
+def assert_raised_as_expected(result: ChildResult) -> None:
+    """A raise_bad_input child: it finished, and its pytest.raises held (the child reports no exception)."""
+    failure = result.failure()
+    assert failure is None, failure
+    assert not result.report["raised"], f"{result.report['type']}: {result.report['message']}"

@@ -376,23 +376,18 @@ if "cuda" in DEVICES:  # defined only where it can run: the CPU suite never skip
 
     @pytest.fixture(scope="module")
     def cuda_children(request, ops):  # ops: the library is built before the children load it
-        """case id -> future ChildResult: each case in a process of its own (fresh_process.py), a few at a time; the
-        value checks with KDTREE_OPS_DEBUG=1, the only mode in which CUDA reads values."""
+        """case id -> future ChildResult: each case in a process of its own (fresh_process.py), a few at a time."""
         import fresh_process
 
-        jobs = {case_id: fresh_process.Job(__name__, "raise_bad_input", (case_id, "cuda"), (
-            ("KDTREE_OPS_DEBUG", "1" if case_id in VALUE_CASES else None), ("KDTREE_OPS_UNVERIFIED", "1")))
-            for case_id in fresh_process.selected_params(request, "case_id")}
-        yield from fresh_process.run_all(jobs)
+        yield from fresh_process.run_all(fresh_process.bad_input_jobs(request, __name__, VALUE_CASES))
 
     @pytest.mark.cuda
     @pytest.mark.parametrize("case_id", list(BAD_INPUTS))
     def test_bad_inputs_cuda_in_own_process(cuda_children, case_id):
         """Each case in a process of its own: a crash in the CUDA host code fails this case only."""
-        result = cuda_children[case_id].result()
-        failure = result.failure()
-        assert failure is None, failure
-        assert not result.report["raised"], f"{result.report['type']}: {result.report['message']}"
+        import fresh_process
+
+        fresh_process.assert_raised_as_expected(cuda_children[case_id].result())
 
     @pytest.mark.cuda
     @pytest.mark.parametrize("vocab", [7, 4096, 151936, 262144])
