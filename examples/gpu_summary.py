@@ -68,6 +68,14 @@ def main(out: Path) -> None:
         lines += ["## Benchmark (`python -m kdtree_ops.bench`)", ""]
         table = bench / "bench" / "bench.md"
         lines.append(table.read_text() if table.exists() else "no benchmark table (see bench/bench.log)")
+        for arch, name in (("80", "sm_80"), ("120", "the 99 KB class")):
+            emulated_table = bench / f"sm{arch}" / "bench.md"
+            if emulated_table.exists():
+                lines += ["", f"### kdtree under {name}'s emulation (this H200; for judging the design, not {name}'s GPU)",
+                          "", emulated_table.read_text()]
+        estimate = bench / "sm120" / "estimate.md"
+        if estimate.exists():
+            lines += ["", estimate.read_text()]
         ddtree = bench / "bench" / "ddtree.md"
         if ddtree.exists():
             lines += ["", "## DDTree ops (`python -m kdtree_ops.bench --ddtree`)", "", ddtree.read_text()]
