@@ -13,6 +13,9 @@ pyproject.toml. `register()`:
   included, runs on kdtree's base backend (name a batch-invariant one: SGLang lists triton, flashinfer, fa3,
   ...). The op itself is not batch-invariant (its key split depends on the whole batch), so it does not run in
   that mode, and the backend says so in one WARNING line;
+- registers the speculative algorithm `DDTREE` (`--speculative-algorithm DDTREE`, ddtree_algorithm.py) with
+  SGLang's `SpeculativeAlgorithm.register`; its worker (ddtree_worker.py) is imported only when a scheduler
+  builds it;
 - registers one HookRegistry AFTER hook on `resolve_dflash_verify_mask_policy`: DFLASH chooses whether to build a
   custom verify mask by the backend's *class name*, and a name it does not know (ours) gets the dense custom-mask
   path. kdtree reads a causal block with or without a mask; its base, which runs the layers the op does not,
@@ -139,6 +142,10 @@ def register() -> None:
             if BACKEND_NAME not in names:
                 add([BACKEND_NAME])
                 added.append(lambda names=names: names.remove(BACKEND_NAME))
+        from .ddtree_algorithm import register_ddtree_algorithm, unregister_ddtree_algorithm
+
+        if register_ddtree_algorithm():
+            added.append(unregister_ddtree_algorithm)
         HookRegistry.register(DFLASH_POLICY_TARGET, dflash_verify_mask_policy_hook, HookType.AFTER)
         HookRegistry.register(CONFIGURE_LOGGER_TARGET, log_status_once, HookType.AFTER)
         HookRegistry.register(INTERNAL_STATE_TARGET, internal_state_hook, HookType.AFTER)

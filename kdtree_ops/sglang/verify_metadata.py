@@ -9,7 +9,9 @@ token slots at every page size).
 The mask comes from SGLang's spec info in one of its layouts (eagle_utils.TreeMaskMode), or from none:
 - FULL_MASK (GPU trees): request b's rows are `[T x (L_b + T)]` booleans at `sum_{c<b} T (L_c + T)`;
 - QLEN_ONLY (every CPU tree, GPU chains): request b's rows are `[T x T]` at `b T T`, the draft columns only;
-- no mask (DFLASH's block, EAGLE chains in some flows): plain causal order among the draft tokens.
+- no mask (DFLASH's block, EAGLE chains in some flows): plain causal order among the draft tokens;
+- the op's own packed mask `[B T, W']` (`spec_info.packed_tree_mask`, DDTREE's verify input: ddtree_build_tree's
+  mask, never dense), taken as it is.
 A mask is the base's preallocated verify buffer (layout: its VerifyMask's mode) or a tensor the worker built for
 the batch (layout: QLEN_ONLY exactly when it has B T T elements; with every L_b = 0 both layouts coincide).
 
@@ -85,6 +87,28 @@ def packed_tree_mask(custom_mask: torch.Tensor | None, layout: int, qo_indptr: t
     return ops.tree_mask_from_dense(custom_mask, mask_indptr, qo_indptr, prefix, num_tokens, words)
 
 
+def given_packed_mask(packed: torch.Tensor, num_rows: int, words: int) -> torch.Tensor:
+    """[num_rows, words] int32: a spec info's packed mask [N, W'] (W' <= words) padded with zero rows/words."""
+    if packed.shape[1] > words:
+        raise ValueError(f"kdtree verify: the spec info's packed tree mask has {packed.shape[1]} words per row, more "
+                         f"than the {words} this step's {32 * words} draft tokens need")
+    out = torch.zeros((num_rows, words), dtype=torch.int32, device=packed.device)
+    rows = min(num_rows, packed.shape[0])
+    out[:rows, : packed.shape[1]] = packed[:rows]
+    return out
+
+
+def step_mask(spec_info, bs: int, qo_indptr: torch.Tensor, prefix_lens: torch.Tensor, tokens: int, num_rows: int,
+              words: int, verify_mask) -> torch.Tensor:
+    """[num_rows, words] packed mask of a step, from whichever mask the spec info carries (module docstring)."""
+    packed = getattr(spec_info, "packed_tree_mask", None)
+    if packed is not None:
+        return given_packed_mask(packed, num_rows, words)
+    custom_mask = getattr(spec_info, "custom_mask", None)
+    layout = mask_layout(custom_mask, bs, tokens, verify_mask) if custom_mask is not None else FULL_MASK
+    return packed_tree_mask(custom_mask, layout, qo_indptr, prefix_lens, num_rows, words)
+
+
 def fill_prefix_slots(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
                       kv_indptr: torch.Tensor, out: torch.Tensor, max_len: int) -> None:
     """out[kv_indptr[b] + j] = req_to_token[req_pool_indices[b], j] for j < prefix_lens[b] (b < len(prefix_lens)).
@@ -124,9 +148,7 @@ def eager_verify_step(forward_batch, spec_info, req_to_token: torch.Tensor, toke
     # q's rows: the requests' B T, plus the rows DP attention pads after them (out_cache_loc is padded with q;
     # forward_batch_info.prepare_mlp_sync_batch). The mask's rows past the requests are zero.
     num_rows = max(bs * tokens, forward_batch.out_cache_loc.shape[0])
-    custom_mask = getattr(spec_info, "custom_mask", None)
-    layout = mask_layout(custom_mask, bs, tokens, verify_mask) if custom_mask is not None else FULL_MASK
-    tree_mask = packed_tree_mask(custom_mask, layout, qo_indptr, prefix, num_rows, words)
+    tree_mask = step_mask(spec_info, bs, qo_indptr, prefix, tokens, num_rows, words, verify_mask)
     return VerifyStep(qo_indptr, kv_indptr, kv_indices, tree_mask, bs * tokens)
 
 
@@ -167,8 +189,5 @@ class GraphVerifyBuffers:
         """Packs the spec info's mask (its real requests: a graph bucket pads past them) into `packed`."""
         bs = forward_batch.batch_size
         real = bs - int(getattr(forward_batch, "num_padding", 0) or 0)
-        custom_mask = getattr(spec_info, "custom_mask", None)
-        layout = mask_layout(custom_mask, real, tokens, verify_mask) if custom_mask is not None else FULL_MASK
-        packed = packed_tree_mask(custom_mask, layout, self.qo_indptr[: real + 1], forward_batch.seq_lens[:real],
-                                  self.packed.shape[0], self.words)
-        self.packed.copy_(packed)
+        self.packed.copy_(step_mask(spec_info, real, self.qo_indptr[: real + 1], forward_batch.seq_lens[:real],
+                                    tokens, self.packed.shape[0], self.words, verify_mask))

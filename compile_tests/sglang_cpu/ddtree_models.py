@@ -1,0 +1,139 @@
+"""A target and a DFlash drafter built to agree most of the time, for DDTREE's engine tests (TEST ONLY).
+
+Random weights would give a drafter whose drafts are never accepted, which leaves the tree rows untested; these
+are set by hand so that the drafter is right often and wrong sometimes, for reasons the target's attention decides.
+
+- `markov_llama`: LlamaForCausalLM (float32) with one-hot token embeddings (hidden 384 > vocabulary 320: token t is
+  sqrt(384) e_t) and `lm_head` rows that read the successor permutation `f` (row f(t) is GAMMA e_t): left alone the
+  residual stream makes f(current token) the greedy next token. Two attention layers of random weights (std
+  ATTN_STD, MLPs zero) add context-dependent terms that flip that choice at a fraction of positions, so the
+  output is not a function of the last token alone and the verify's attention (prefix slots, tree mask) decides
+  tokens: a wrong ancestor or slot changes the output.
+- `dflash_draft`: a one-layer DFlashDraftModel for it (block size 8: seven drafted positions). Every block row
+  attends to the block's first token (the bonus; `q` of the mask token and `k` of every real token lie along one
+  low-frequency rotary dimension, so the offset's rotation is negligible) and copies its one-hot through V;
+  `o_proj` writes DRAFT_WEIGHTS[d] at e_{f^d(bonus)}, and the shared lm_head turns that into a distribution whose
+  top candidates, at every position, are f(bonus), f^2(bonus), f^3(bonus), f^4(bonus) in this order. The block
+  is one distribution for all seven positions, so the chain of top-1 picks (DFLASH's block) is right at depth 1
+  only, while a best-first tree reaches f^d(bonus) at depth d through rank-d candidates: acceptance grows with
+  the node budget. `fc` projects the target's layer-0 states into dimensions no head reads (the context path runs;
+  its keys are zero, so the bonus dominates every block row).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .tiny_models import BOS, EOS, VOCAB, save_tokenizer
+
+HIDDEN = 384
+GAMMA = 0.4         # lm_head scale: flatter draft distributions, so deep paths enter the tree
+ATTN_STD = 0.11     # the target's attention weights: f(current) stays the greedy token at ~84 % of positions
+DRAFT_WEIGHTS = (1.0, 0.8, 0.65, 0.5)  # o_proj's weight of f^1 .. f^4 of the bonus token
+MASK_TOKEN_ID = 0   # <unk>: never the target's greedy token (its lm_head row is zero)
+BLOCK_SIZE = 8
+FIRST_WORD = 3      # ids 0..2 are special tokens
+
+
+def successor(seed: int = 0) -> list[int]:
+    """f: a random permutation of the word ids (special ids map to themselves and are never produced)."""
+    gen = torch.Generator().manual_seed(seed)
+    words = torch.arange(FIRST_WORD, VOCAB)
+    perm = words[torch.randperm(len(words), generator=gen)]
+    f = list(range(VOCAB))
+    for src, dst in zip(words.tolist(), perm.tolist()):
+        f[src] = dst
+    return f
+
+
+def _power(f: list[int], t: int, d: int) -> int:
+    for _ in range(d):
+        t = f[t]
+    return t
+
+
+def markov_llama(folder: Path, seed: int = 0) -> Path:
+    """The target (module docstring)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=96, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0,
+        tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS, torch_dtype="float32")
+    model = LlamaForCausalLM(config)
+    f = successor(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.fill_(1.0)
+            elif "self_attn" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * ATTN_STD)
+            else:
+                p.zero_()
+        embed = model.model.embed_tokens.weight
+        for t in range(VOCAB):
+            embed[t, t] = HIDDEN ** 0.5
+        head = model.lm_head.weight
+        for t in range(FIRST_WORD, VOCAB):
+            head[f[t], t] = GAMMA
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    save_tokenizer(folder)
+    return folder
+
+
+def dflash_draft(folder: Path, seed: int = 0) -> Path:
+    """The drafter for `markov_llama(seed=seed)` (module docstring)."""
+    from safetensors.torch import save_file
+
+    heads, head_dim = 4, 128
+    f = successor(seed)
+    w: dict[str, torch.Tensor] = {}
+    low = head_dim // 2 - 1           # the lowest-frequency rotary pair (neox layout): rotation ~1e-4 per position
+    q = torch.zeros(heads * head_dim, HIDDEN)
+    k = torch.zeros(heads * head_dim, HIDDEN)
+    v = torch.zeros(heads * head_dim, HIDDEN)
+    o = torch.zeros(HIDDEN, heads * head_dim)
+    bias_channel = heads * head_dim - 1  # V's constant 1 for real tokens: cancels the mask token's residual
+    for h in range(heads):
+        q[h * head_dim + low, MASK_TOKEN_ID] = 1.0
+        k[h * head_dim + low, FIRST_WORD:VOCAB] = 1.0
+        k[h * head_dim + low, MASK_TOKEN_ID] = -1.0
+    scale = HIDDEN ** -0.5                  # the input norm leaves sqrt(HIDDEN) on the token's dimension
+    for t in range(VOCAB):
+        v[t, t] = scale
+    v[bias_channel, FIRST_WORD:VOCAB] = scale
+    for t in range(FIRST_WORD, VOCAB):
+        for d, weight in enumerate(DRAFT_WEIGHTS):
+            o[_power(f, t, d), t] += weight * HIDDEN ** 0.5   # h[f^d(t)] -> lm_head favours f^{d+1}(t)
+    o[MASK_TOKEN_ID, bias_channel] = -HIDDEN ** 0.5
+    gen = torch.Generator().manual_seed(seed + 2)
+    fc = torch.zeros(HIDDEN, HIDDEN)
+    fc[VOCAB + 8:, :] = torch.randn(HIDDEN - VOCAB - 8, HIDDEN, generator=gen) * 0.1
+    prefix = "layers.0."
+    w.update({
+        prefix + "self_attn.q_proj.weight": q, prefix + "self_attn.k_proj.weight": k,
+        prefix + "self_attn.v_proj.weight": v, prefix + "self_attn.o_proj.weight": o,
+        prefix + "self_attn.q_norm.weight": torch.full((head_dim,), 3.0),
+        prefix + "self_attn.k_norm.weight": torch.ones(head_dim),
+        prefix + "input_layernorm.weight": torch.ones(HIDDEN),
+        prefix + "post_attention_layernorm.weight": torch.ones(HIDDEN),
+        prefix + "mlp.gate_proj.weight": torch.zeros(32, HIDDEN), prefix + "mlp.up_proj.weight": torch.zeros(32, HIDDEN),
+        prefix + "mlp.down_proj.weight": torch.zeros(HIDDEN, 32),
+        "norm.weight": torch.ones(HIDDEN), "hidden_norm.weight": torch.ones(HIDDEN), "fc.weight": fc,
+    })
+    config = dict(
+        architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=VOCAB, hidden_size=HIDDEN,
+        intermediate_size=32, num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads,
+        head_dim=head_dim, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
+        attention_bias=False, tie_word_embeddings=False, torch_dtype="float32", bos_token_id=BOS, eos_token_id=EOS,
+        block_size=BLOCK_SIZE, dflash_config={"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": [0]})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    save_file({name: t.contiguous() for name, t in w.items()}, str(folder / "model.safetensors"))
+    save_tokenizer(folder)
+    return folder

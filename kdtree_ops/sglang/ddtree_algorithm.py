@@ -1,0 +1,110 @@
+"""`--speculative-algorithm DDTREE`: the algorithm the plugin registers with SGLang (no patch).
+
+SGLang 0.5.23 takes plugin algorithms through `SpeculativeAlgorithm.register(name, spec_class=...)`: a factory
+returning the worker class (imported only when a scheduler builds the worker) and a `CustomSpecAlgo` subclass whose
+`handle_server_args` resolves the server arguments before anything is allocated. DDTREE's:
+
+- `--speculative-draft-model-path`: a DFlash draft checkpoint (required);
+- `--speculative-num-draft-tokens N`: the verify width, the root plus a node budget of N - 1 draft tokens
+  (2 <= N <= 1024: the verify op's trees); default 64;
+- the top-k per drafted position: `KDTREE_DDTREE_TOPK` (default 8), read by the worker;
+- overlap scheduling is turned off (the worker runs synchronously, as SGLang runs NGRAM on the CPU), and so is
+  mixed chunked prefill (the round must see decode batches alone); EAGLE's step and top-k fields are set to 1 so
+  SGLang's per-decode KV reservation is exactly N slots per request.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger(__name__)
+
+ALGORITHM_NAME = "DDTREE"
+DEFAULT_NUM_DRAFT_TOKENS = 64
+MAX_VERIFY_TOKENS = 1024  # the verify op's masks are at most 32 words wide
+TOPK_ENV = "KDTREE_DDTREE_TOPK"
+DEFAULT_TOPK = 8
+
+
+def ddtree_topk() -> int:
+    """The drafter's candidates per position (KDTREE_DDTREE_TOPK, default 8)."""
+    raw = os.environ.get(TOPK_ENV, str(DEFAULT_TOPK))
+    try:
+        topk = int(raw)
+    except ValueError:
+        topk = 0
+    if topk < 1:
+        raise ValueError(f"{TOPK_ENV} must be a positive integer (candidates per drafted position), got {raw!r}")
+    return topk
+
+
+def resolve_ddtree_server_args(server_args) -> None:
+    """Validates and completes DDTREE's server arguments in place (SGLang hands a recording stand-in)."""
+    if not getattr(server_args, "speculative_draft_model_path", None):
+        raise ValueError("--speculative-algorithm DDTREE needs --speculative-draft-model-path: a DFlash draft "
+                         "checkpoint (architectures DFlashDraftModel, dflash_config.mask_token_id)")
+    tokens = getattr(server_args, "speculative_num_draft_tokens", None)
+    if tokens is None:
+        tokens = DEFAULT_NUM_DRAFT_TOKENS
+        logger.info("DDTREE: --speculative-num-draft-tokens not given; verifying trees of %d tokens "
+                    "(the root and %d draft nodes)", tokens, tokens - 1)
+    if not 2 <= int(tokens) <= MAX_VERIFY_TOKENS:
+        raise ValueError(f"--speculative-num-draft-tokens for DDTREE is the verify width (the root plus the node "
+                         f"budget) and must be in [2, {MAX_VERIFY_TOKENS}], got {tokens}")
+    ddtree_topk()  # a bad KDTREE_DDTREE_TOPK fails at launch, not in the first round
+    server_args.speculative_num_draft_tokens = int(tokens)
+    server_args.speculative_num_steps = 1
+    server_args.speculative_eagle_topk = 1
+    if not getattr(server_args, "disable_overlap_schedule", False):
+        logger.info("DDTREE: overlap scheduling turned off (the DDTREE worker runs each round synchronously)")
+    server_args.disable_overlap_schedule = True
+    server_args.enable_mixed_chunk = False
+
+
+def _ddtree_worker_class(server_args):
+    from .ddtree_worker import DDTreeWorker
+
+    return DDTreeWorker
+
+
+def register_ddtree_algorithm() -> bool:
+    """Registers DDTREE with SGLang's speculative registry; False if it was registered before (idempotent)."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+    from sglang.srt.speculative.spec_registry import CustomSpecAlgo, get_spec
+
+    if get_spec(ALGORITHM_NAME) is not None:
+        return False
+
+    class DDTreeAlgorithm(CustomSpecAlgo):
+        """DDTREE's answers to SGLang's algorithm predicates (all False but these), and the methods of
+        SpeculativeAlgorithm that 0.5.23's scheduler calls but CustomSpecAlgo lacks."""
+
+        def handle_server_args(self, server_args) -> None:
+            resolve_ddtree_server_args(server_args)
+
+        def carries_draft_hidden_states(self) -> bool:
+            return False  # no EAGLE hidden states cross a disaggregation boundary
+
+        def need_topk(self) -> bool:
+            return False
+
+        def get_platform_worker_cls(self):
+            return None
+
+        def create_future_map(self, device, req_to_token_pool, needs_cpu_seq_lens=True,
+                              needs_confidence_relay=False):
+            from sglang.srt.managers.overlap_utils import FutureMap
+
+            return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
+
+    SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=False,
+                                  spec_class=DDTreeAlgorithm)(_ddtree_worker_class)
+    return True
+
+
+def unregister_ddtree_algorithm() -> None:
+    """Removes DDTREE from the registry (the plugin's undo path when a later registration step fails)."""
+    from sglang.srt.speculative import spec_registry
+
+    spec_registry._REGISTRY.pop(ALGORITHM_NAME, None)

@@ -1,0 +1,233 @@
+"""The DDTREE speculative worker: a DFlash drafter's block, a best-first tree, one verify forward, on the device.
+
+A round (a decode batch of B requests, each at its own committed length L_b, its last token `bonus_b` not yet in
+the caches):
+  1. draft: the DFlash block `[bonus, mask, ...]` over the request's draft cache gives the top-k log-probs of the
+     K = block_size - 1 next positions (dflash_drafter.py);
+  2. `ddtree.build_tree`: the root (bonus) and the budget = N - 1 best paths (N = --speculative-num-draft-tokens),
+     their depths and the packed ancestor mask, [B, N] (never a dense mask);
+  3. verify: one TARGET_VERIFY forward of the B N tree tokens at positions L_b + depth, their K/V into the N slots
+     SGLang reserved after L_b; the kdtree backend takes the packed mask from the verify input;
+  4. the target's token after every node — argmax, or (sampling requests) `ddtree.sample_targets` with SGLang's
+     per-request parameters and noise keyed by (seed, position) — and `ddtree.accept_greedy`: the accepted path
+     and the next bonus token;
+  5. commit: `ddtree.commit_kv` moves the accepted nodes' target K/V to positions L_b .. L_b + accepted (every
+     layer), and the drafter writes the same positions' draft K/V from the target's hidden states there;
+  6. SGLang gets the accepted drafts and the bonus token per request (rows of D + 1, D = min(K, budget)).
+No step reads the device from the host; shapes come from (B, N, K, top-k). Prefill (extend) batches run the
+target with its DFlash layers captured and fill the draft cache for the prompt's tokens (chunk by chunk, and
+only the uncached suffix under the radix cache: the draft cache shares the target's slots).
+
+Greedy requests are lossless (the output is the target's greedy decoding); sampled requests follow the target's
+own seeded sampling token for token (ddtree/sampling.py), penalties applied as SGLang applies them to verify
+logits. The round runs in SGLang's synchronous (non-overlap) scheduler. Refused with an error naming the request
+feature: grammar-constrained requests and requests returning log-probs.
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+
+import torch
+
+from sglang.srt.managers.utils import GenerationBatchResult
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
+from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.speculative.ngram_info import NgramVerifyInput
+
+from .. import ddtree
+from ..ddtree.sampling import SamplingParams
+from .ddtree_algorithm import ddtree_topk
+from .dflash_drafter import DFlashDrafter
+from .verify_metadata import fill_prefix_slots
+
+logger = logging.getLogger(__name__)
+
+
+class DDTreeVerifyInput(NgramVerifyInput):
+    """The verify forward's spec info (a tree verify, NGRAM's input type) with the op's packed mask."""
+
+    def __init__(self, tree_tokens: torch.Tensor, positions: torch.Tensor, packed_tree_mask: torch.Tensor):
+        super().__init__(draft_token=tree_tokens.reshape(-1), custom_mask=None, positions=positions,
+                         draft_token_num=tree_tokens.shape[1], new_seq_lens=positions)
+        self.packed_tree_mask = packed_tree_mask
+
+
+class DDTreeCarry(NgramVerifyInput):
+    """What one round hands the next (the running batch's spec info): each request's bonus token."""
+
+    def __init__(self, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor, draft_token_num: int):
+        super().__init__(draft_token_num=draft_token_num, new_seq_lens=new_seq_lens)
+        self.bonus_tokens = bonus_tokens
+
+    def filter_batch(self, new_indices: torch.Tensor, new_indices_cpu=None):
+        self.bonus_tokens = self.bonus_tokens[new_indices]
+        self.new_seq_lens = self.new_seq_lens[new_indices]
+
+    def merge_batch(self, spec_info: "DDTreeCarry"):
+        self.bonus_tokens = torch.cat([self.bonus_tokens, spec_info.bonus_tokens])
+        self.new_seq_lens = torch.cat([self.new_seq_lens, spec_info.new_seq_lens])
+
+
+def request_seed(req) -> int:
+    """A request's sampling seed: its own (`sampling_seed`), else one fixed by its id (stable across rounds)."""
+    seed = getattr(req.sampling_params, "sampling_seed", None)
+    return int(seed) if seed is not None else zlib.crc32(str(req.rid).encode())
+
+
+class DDTreeWorker(BaseSpecWorker):
+    def __init__(self, server_args, gpu_id: int, nccl_port: int, target_worker, **_kwargs):
+        super().__init__()
+        from sglang.srt.runtime_context import get_device, get_spec
+
+        self.server_args = server_args
+        self._target_worker = target_worker
+        self._draft_worker = None
+        self.model_runner = target_worker.model_runner
+        self.device = get_device().device
+        self.num_tree_tokens = int(get_spec().speculative_num_draft_tokens)
+        self.budget = self.num_tree_tokens - 1
+        self.topk = ddtree_topk()
+        self.draft_path = get_spec().speculative_draft_model_path
+        self.drafter: DFlashDrafter | None = None  # built with the target's pools (alloc_memory_pool)
+
+    @property
+    def draft_worker(self):
+        return None  # the drafter runs inside this worker, over the target's slots
+
+    def alloc_memory_pool(self, **kwargs):
+        self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
+        runner = self.model_runner
+        target = runner.model
+        pool = runner.token_to_kv_pool
+        self.drafter = DFlashDrafter(self.draft_path, target, num_slots=int(pool.size) + int(pool.page_size),
+                                     target_num_layers=int(runner.model_config.num_hidden_layers),
+                                     device=self.device, dtype=runner.dtype)
+        if not hasattr(target, "set_dflash_layers_to_capture"):
+            raise ValueError(f"DDTREE: the target model {type(target).__name__} cannot capture the hidden states a "
+                             f"DFlash drafter reads (no set_dflash_layers_to_capture)")
+        num_layers = int(runner.model_config.num_hidden_layers)
+        if max(self.drafter.target_layer_ids) + 1 >= num_layers:
+            raise ValueError(f"DDTREE: the draft's dflash_config.target_layer_ids {self.drafter.target_layer_ids} "
+                             f"must be below the target's last layer ({num_layers - 1}): SGLang captures layer i's "
+                             f"output at layer i + 1's input")
+        target.set_dflash_layers_to_capture(self.drafter.target_layer_ids)
+        self.max_depth = min(self.drafter.block_size - 1, self.budget)
+        logger.info("DDTREE worker: trees of %d tokens (budget %d), top-%d of %d drafted positions, paths up to %d "
+                    "drafts", self.num_tree_tokens, self.budget, self.topk, self.drafter.block_size - 1,
+                    self.max_depth)
+
+    # ---- one scheduler step ------------------------------------------------------------------------------
+
+    def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None, **_kwargs):
+        if batch.forward_mode.is_extend() or batch.is_extend_in_batch:
+            return self._prefill(batch, on_publish)
+        if batch.forward_mode.is_idle():
+            raise NotImplementedError("DDTREE does not run idle batches (data-parallel attention)")
+        self._refuse_unsupported(batch)
+        return self._round(batch, on_publish)
+
+    def _refuse_unsupported(self, batch) -> None:
+        if batch.has_grammar:
+            raise ValueError("DDTREE does not verify grammar-constrained requests (json_schema, regex, ebnf): "
+                             "serve them without --speculative-algorithm DDTREE")
+        if batch.return_logprob:
+            raise ValueError("DDTREE does not return log-probs (return_logprob): serve such requests without "
+                             "--speculative-algorithm DDTREE")
+
+    def _prefill(self, batch, on_publish):
+        out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
+        hidden = out.logits_output.hidden_states
+        if hidden is None:
+            raise RuntimeError("DDTREE: the target returned no captured hidden states for the prefill")
+        positions = torch.cat([torch.arange(p, p + n, dtype=torch.int64)
+                               for p, n in zip(batch.prefix_lens, batch.extend_lens)]).to(self.device)
+        self.drafter.materialize(hidden[: positions.shape[0]], positions, batch.out_cache_loc.to(torch.int64))
+        out.logits_output.hidden_states = None
+        out.new_seq_lens = batch.seq_lens
+        if on_publish is not None:
+            on_publish(batch.seq_lens)
+        out.next_draft_input = DDTreeCarry(out.next_token_ids.to(torch.int64), batch.seq_lens, self.num_tree_tokens)
+        return out
+
+    def _round(self, batch, on_publish):
+        from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
+
+        bs, n = len(batch.reqs), self.num_tree_tokens
+        bonus = batch.spec_info.bonus_tokens
+        prefix = batch.seq_lens
+        req_to_token = self.req_to_token_pool.req_to_token
+        # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
+        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
+        torch.cumsum(prefix.to(torch.int32), 0, out=kv_indptr[1:])
+        max_len = int(batch.seq_lens_cpu.max())
+        kv_indices = torch.empty(int(batch.seq_lens_cpu.sum()) + 1, dtype=torch.int32, device=self.device)
+        fill_prefix_slots(req_to_token, batch.req_pool_indices, prefix, kv_indptr, kv_indices, max_len)
+        logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
+        # 2. the tree
+        tree_tokens, parents, depths, tree_mask = ddtree.build_tree(logprobs, candidates, bonus, self.budget)
+        # 3. verify
+        positions = (prefix[:, None].to(torch.int64) + depths).reshape(-1)
+        out_cache_loc = assign_extend_cache_locs_func(
+            req_pool_indices=batch.req_pool_indices, req_to_token=req_to_token, start_offset=prefix,
+            end_offset=prefix + n, batch_size=bs, draft_token_num=n, device=self.device)
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        batch.input_ids = tree_tokens.reshape(-1)
+        batch.out_cache_loc = out_cache_loc
+        batch.spec_info = DDTreeVerifyInput(tree_tokens, positions, tree_mask)
+        out = self._target_worker.forward_batch_generation(batch, is_verify=True,
+                                                           capture_hidden_mode=CaptureHiddenMode.FULL)
+        logits_output = out.logits_output
+        # 4. the target's token after every node, and the accepted path
+        targets = self._target_tokens(batch, logits_output.next_token_logits, positions.view(bs, n))
+        accepted, accept_len, next_tokens = ddtree.accept_greedy(tree_tokens, parents, targets, self.max_depth)
+        # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
+        node_slots = out_cache_loc.view(bs, n).to(torch.int64)
+        dest = node_slots[:, : self.max_depth + 1]
+        self._commit_target_kv(accepted, node_slots, dest)
+        rows = (torch.arange(bs, device=self.device)[:, None] * n + accepted.clamp_min(0)).reshape(-1)
+        depth = torch.arange(self.max_depth + 1, device=self.device)
+        self.drafter.materialize(logits_output.hidden_states[rows],
+                                 (prefix[:, None].to(torch.int64) + depth).reshape(-1),
+                                 torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1))
+        logits_output.hidden_states = None
+        # 6. the accepted drafts then the bonus token, D + 1 per request
+        emitted = torch.cat([tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).to(torch.int64)),
+                             next_tokens[:, None]], 1)
+        emitted.scatter_(1, accept_len[:, None].to(torch.int64), next_tokens[:, None])
+        accept_lens = (accept_len + 1).to(torch.int32)
+        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
+        batch.forward_mode = ForwardMode.DECODE
+        if on_publish is not None:
+            on_publish(new_seq_lens)
+        return GenerationBatchResult(
+            logits_output=logits_output, next_token_ids=emitted.reshape(-1), accept_lens=accept_lens,
+            can_run_cuda_graph=out.can_run_cuda_graph, new_seq_lens=new_seq_lens,
+            next_draft_input=DDTreeCarry(next_tokens, new_seq_lens, n), speculative_num_draft_tokens=n,
+            speculative_output_stride=self.max_depth + 1)
+
+    def _target_tokens(self, batch, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[B, N] the target's token after every node: greedy, or the requests' seeded sampling."""
+        from sglang.srt.speculative.dflash_utils import apply_dflash_verify_logits_adjustments
+
+        info = batch.sampling_info
+        if info is not None:
+            apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
+                                                   draft_token_num=positions.shape[1])
+        if info is None or info.is_all_greedy:
+            return logits.argmax(-1).view(positions.shape)
+        seeds = info.sampling_seed
+        if seeds is None:  # SGLang keeps per-request seeds only under deterministic inference
+            seeds = torch.tensor([request_seed(r) for r in batch.reqs], dtype=torch.int64).to(self.device,
+                                                                                            non_blocking=True)
+        params = SamplingParams.from_sglang(info, seeds)
+        return ddtree.sample_targets(logits, positions, *params.astuple())
+
+    def _commit_target_kv(self, accepted, node_slots, dest) -> None:
+        pool = self.model_runner.token_to_kv_pool
+        for layer_id in range(pool.start_layer, pool.start_layer + pool.layer_num):
+            k = pool.get_key_buffer(layer_id)
+            v = pool.get_value_buffer(layer_id)
+            values_view_keys = v.data_ptr() == k.data_ptr()  # MLA: the value is a view of the latent row
+            ddtree.commit_kv(k, None if values_view_keys else v, accepted, node_slots, dest)
