@@ -8,6 +8,8 @@ returning the worker class (imported only when a scheduler builds the worker) an
 - `--speculative-num-draft-tokens N`: the verify width, the root plus a node budget of N - 1 draft tokens
   (2 <= N <= 1024: the verify op's trees); default 64;
 - the top-k per drafted position: `KDTREE_DDTREE_TOPK` (default 8), read by the worker;
+- grammar-constrained requests are refused: `--grammar-backend none` (SGLang aborts each such request with
+  its own message; the server goes on);
 - overlap scheduling is turned off (the worker runs synchronously, as SGLang runs NGRAM on the CPU), and so is
   mixed chunked prefill (the round must see decode batches alone); EAGLE's step and top-k fields are set to 1 so
   SGLang's per-decode KV reservation is exactly N slots per request.
@@ -60,6 +62,10 @@ def resolve_ddtree_server_args(server_args) -> None:
         logger.info("DDTREE: overlap scheduling turned off (the DDTREE worker runs each round synchronously)")
     server_args.disable_overlap_schedule = True
     server_args.enable_mixed_chunk = False
+    if getattr(server_args, "grammar_backend", None) not in (None, "none"):
+        logger.info("DDTREE: grammar-constrained requests are not verified by DDTREE; --grammar-backend %s "
+                    "replaced by none (SGLang aborts such requests with its message)", server_args.grammar_backend)
+    server_args.grammar_backend = "none"
 
 
 def _ddtree_worker_class(server_args):

@@ -20,8 +20,9 @@ only the uncached suffix under the radix cache: the draft cache shares the targe
 
 Greedy requests are lossless (the output is the target's greedy decoding); sampled requests follow the target's
 own seeded sampling token for token (ddtree/sampling.py), penalties applied as SGLang applies them to verify
-logits. The round runs in SGLang's synchronous (non-overlap) scheduler. Refused with an error naming the request
-feature: grammar-constrained requests and requests returning log-probs.
+logits; log-probs are returned for the accepted tokens (the rows of their nodes), as NGRAM returns them. The round
+runs in SGLang's synchronous (non-overlap) scheduler. Grammar-constrained requests are refused: DDTREE launches
+with `--grammar-backend none`, so SGLang aborts them with its own message and the server goes on.
 """
 
 from __future__ import annotations
@@ -129,12 +130,8 @@ class DDTreeWorker(BaseSpecWorker):
         return self._round(batch, on_publish)
 
     def _refuse_unsupported(self, batch) -> None:
-        if batch.has_grammar:
-            raise ValueError("DDTREE does not verify grammar-constrained requests (json_schema, regex, ebnf): "
-                             "serve them without --speculative-algorithm DDTREE")
-        if batch.return_logprob:
-            raise ValueError("DDTREE does not return log-probs (return_logprob): serve such requests without "
-                             "--speculative-algorithm DDTREE")
+        if batch.has_grammar:  # DDTREE launches with --grammar-backend none: SGLang aborts such requests first
+            raise ValueError("DDTREE does not verify grammar-constrained requests (json_schema, regex, ebnf)")
 
     def _prefill(self, batch, on_publish):
         out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
@@ -182,6 +179,12 @@ class DDTreeWorker(BaseSpecWorker):
         # 4. the target's token after every node, and the accepted path
         targets = self._target_tokens(batch, logits_output.next_token_logits, positions.view(bs, n))
         accepted, accept_len, next_tokens = ddtree.accept_greedy(tree_tokens, parents, targets, self.max_depth)
+        if batch.return_logprob:  # the accepted nodes' rows, as NGRAM hands them (flat row index, -1 padded)
+            from sglang.srt.layers.logprob_processor import compute_spec_logprobs
+
+            node_rows = torch.arange(bs, device=self.device)[:, None] * n + accepted
+            compute_spec_logprobs(batch, logits_output, targets.reshape(-1),
+                                  accept_index=torch.where(accepted >= 0, node_rows, -1))
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
         dest = node_slots[:, : self.max_depth + 1]

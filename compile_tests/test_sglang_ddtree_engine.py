@@ -1,0 +1,232 @@
+"""`--speculative-algorithm DDTREE` in a real sglang.Engine on the CPU: lossless, accepting trees, refusing clearly.
+
+The engine runs in the driver process of sglang_cpu/engine_driver.py (SGLANG_USE_CPU_ENGINE=1, the test-only
+sgl_kernel stand-in), `attention_backend="kdtree"` over SGLang's default base (torch_native here), with the target
+and DFlash drafter of sglang_cpu/ddtree_models.py (built to agree most of the time: f(bonus), f^2(bonus), ... are
+the drafter's top candidates at every position, and the target follows f except where its attention decides
+otherwise). The algorithm comes from the plugin alone (the `sglang.srt.plugins` entry point), nothing patched.
+Shown, over four requests of different lengths, greedy, `ignore_eos`:
+
+a. DDTREE's output equals the engine's without speculation, token for token, radix cache on (a second round
+   reuses cached prefixes, whose draft K/V the draft cache kept) and off with chunked prefill (16-token chunks);
+   drafts are accepted but not all of them (0 < accepted drafts per verify < 7); every verify layer of every
+   round ran the op;
+b. the tree beats the chain: the same drafter as a chain of top-1 picks (KDTREE_DDTREE_TOPK=1, DFLASH's block)
+   accepts fewer drafts per verify;
+c. log-probs come back for the accepted tokens, equal to the non-speculative run's;
+d. sampling: temperature 0.7 with a seed, a greedy request in the same batch: the greedy one stays lossless, and
+   the sampled ones are the target's own seeded sampling, position by position, so a best-first tree and a
+   top-1 chain emit the same tokens (SGLang's seeded non-speculative sampler, its deterministic-inference mode,
+   needs CUDA or XPU: "No supported accelerator"; the distribution's losslessness is test_ddtree_sampling_lossless's
+   chi-square on the op);
+e. refusals: a grammar-constrained request is aborted with SGLang's message and the server goes on; a bad
+   KDTREE_DDTREE_TOPK or a missing draft path fail at launch, naming the fix.
+Token equality does not hinge on near-ties: every compared greedy token's margin in the reference is at least
+MIN_MARGIN.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from requires import require
+
+require("sglang", "pip install -e '.[test,sglang]'")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_cpu import ddtree_models, tiny_models  # noqa: E402
+from sglang_cpu.engine_host import EngineError, EngineHost  # noqa: E402
+
+NEW_TOKENS = 32
+MIN_MARGIN = 1e-4
+DRAFTED = ddtree_models.BLOCK_SIZE - 1  # positions the drafter proposes per round
+SAMPLED = {"temperature": 0.7, "sampling_seed": 1234}
+
+
+def _prompts() -> list:
+    rng = random.Random(0)
+    return [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (5, 17, 40, 23)]
+
+
+PROMPTS = _prompts()
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddtree_models")
+    return {"target": str(ddtree_models.markov_llama(root / "target")),
+            "draft": str(ddtree_models.dflash_draft(root / "draft"))}
+
+
+@pytest.fixture(scope="module")
+def host(ops):
+    engine_host = EngineHost()
+    yield engine_host
+    engine_host.close()
+
+
+def ddtree(models, tokens: int = 16) -> dict:
+    return dict(attention_backend="kdtree", speculative_algorithm="DDTREE",
+                speculative_draft_model_path=models["draft"], speculative_num_draft_tokens=tokens)
+
+
+def _run(host, model: str, rounds: int = 1, logprobs: bool = False, params: list | None = None, env=None,
+         **engine) -> dict:
+    host.start(model, env=env, **engine)
+    try:
+        if params is None:
+            results = [host.generate(PROMPTS, NEW_TOKENS, top_logprobs_num=2 if logprobs else 0)
+                       for _ in range(rounds)]
+        else:
+            results = [host.request("generate", input_ids=PROMPTS, sampling_params=params)["outputs"]]
+        status = host.kdtree_status()
+    finally:
+        host.stop()
+    return {"rounds": results, "ids": [o["output_ids"] for o in results[0]], "status": status,
+            "log": host.new_log()}
+
+
+def sampled_params(greedy_first: bool = False) -> list:
+    """Every request sampled (temperature 0.7, one seed), or the first greedy and the rest sampled."""
+    params = [dict(SAMPLED, max_new_tokens=NEW_TOKENS, ignore_eos=True) for _ in PROMPTS]
+    if greedy_first:
+        params[0] = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    return params
+
+
+@pytest.fixture(scope="module")
+def reference(host, models):
+    return _run(host, models["target"], logprobs=True, attention_backend="torch_native")
+
+
+@pytest.fixture(scope="module")
+def radix(host, models):
+    return _run(host, models["target"], rounds=2, **ddtree(models))
+
+
+@pytest.fixture(scope="module")
+def chunked(host, models):
+    return _run(host, models["target"], disable_radix_cache=True, chunked_prefill_size=16, **ddtree(models, 64))
+
+
+@pytest.fixture(scope="module")
+def chain(host, models):
+    return _run(host, models["target"], env={"KDTREE_DDTREE_TOPK": "1"}, **ddtree(models, DRAFTED + 1))
+
+
+@pytest.fixture(scope="module")
+def with_logprobs(host, models):
+    return _run(host, models["target"], logprobs=True, **ddtree(models))
+
+
+@pytest.fixture(scope="module")
+def sampled(host, models):
+    return _run(host, models["target"], params=sampled_params(True), **ddtree(models))
+
+
+@pytest.fixture(scope="module")
+def sampled_chain(host, models):
+    return _run(host, models["target"], params=sampled_params(True), env={"KDTREE_DDTREE_TOPK": "1"},
+                **ddtree(models, DRAFTED + 1))
+
+
+def min_margin(run: dict) -> float:
+    return min(top[0][0] - top[1][0] for o in run["rounds"][0] for top in o["meta_info"]["output_top_logprobs"])
+
+
+def drafts_per_verify(run: dict) -> float:
+    """Accepted draft tokens per verify round, over every request (accept length counts the bonus token)."""
+    metas = [o["meta_info"] for o in run["rounds"][0]]
+    verifies = sum(m["spec_verify_ct"] for m in metas)
+    return sum((m["spec_accept_length"] - 1) * m["spec_verify_ct"] for m in metas) / verifies
+
+
+# ---- a. lossless, accepting -------------------------------------------------------------------------------------
+
+
+def test_reference_tokens_have_a_greedy_margin(reference):
+    assert [len(ids) for ids in reference["ids"]] == [NEW_TOKENS] * len(PROMPTS)
+    assert min_margin(reference) >= MIN_MARGIN
+
+
+def test_ddtree_with_radix_cache_equals_non_speculative(reference, radix):
+    first, second = radix["rounds"]
+    assert radix["ids"] == reference["ids"]
+    assert [o["output_ids"] for o in second] == reference["ids"]  # from cached prefixes: their draft K/V kept
+    assert sum(o["meta_info"]["cached_tokens"] for o in second) > 0
+    assert 0 < drafts_per_verify(radix) < DRAFTED, drafts_per_verify(radix)
+
+
+def test_ddtree_without_radix_cache_chunked_prefill_equals_non_speculative(reference, chunked):
+    assert chunked["ids"] == reference["ids"]
+    assert 0 < drafts_per_verify(chunked) < DRAFTED
+
+
+def test_the_op_served_every_verify_layer(radix):
+    (status,) = [s for s in radix["status"] if s["verify_steps"]]
+    steps = status["verify_steps"]
+    assert status["op_calls"] == {"0": steps, "1": steps} and status["base_calls"] == {}, status
+    assert "DDTREE worker: trees of 16 tokens (budget 15), top-8 of 7 drafted positions" in radix["log"]
+
+
+# ---- b. tree against chain ------------------------------------------------------------------------------------
+
+
+def test_the_tree_accepts_more_than_the_chain(reference, radix, chain):
+    assert chain["ids"] == reference["ids"]
+    assert drafts_per_verify(radix) > drafts_per_verify(chain) > 0, (drafts_per_verify(radix),
+                                                                      drafts_per_verify(chain))
+
+
+# ---- c. log-probs -----------------------------------------------------------------------------------------------
+
+
+def test_logprobs_equal_the_non_speculative_run(reference, with_logprobs):
+    assert with_logprobs["ids"] == reference["ids"]
+    for ours, theirs in zip(with_logprobs["rounds"][0], reference["rounds"][0]):
+        got = [lp for lp, _tok, _ in ours["meta_info"]["output_token_logprobs"]]
+        want = [lp for lp, _tok, _ in theirs["meta_info"]["output_token_logprobs"]]
+        assert got == pytest.approx(want, abs=1e-4)
+
+
+# ---- d. sampling ------------------------------------------------------------------------------------------------
+
+
+def test_sampled_ddtree_is_the_target_s_seeded_sampling_whatever_the_tree(reference, sampled, sampled_chain):
+    # Each position's token is the target's draw with that position's noise, so two different trees (best-first
+    # with top-8, a top-1 chain) must emit the same tokens; they accept different drafts on the way.
+    assert sampled["ids"] == sampled_chain["ids"]
+    assert drafts_per_verify(sampled) != drafts_per_verify(sampled_chain)
+    assert drafts_per_verify(sampled) > 0
+    assert sampled["ids"][0] == reference["ids"][0]   # the greedy request of the mixed batch: lossless
+    assert all(a != b for a, b in zip(sampled["ids"][1:], reference["ids"][1:]))  # the others did sample
+
+
+# ---- e. refusals --------------------------------------------------------------------------------------------------
+
+
+def test_a_grammar_request_is_refused_and_the_server_goes_on(host, models, reference):
+    host.start(models["target"], **ddtree(models))
+    try:
+        with pytest.raises(EngineError, match="grammar-backend none"):
+            host.request("generate", input_ids=PROMPTS[:1], sampling_params={
+                "max_new_tokens": 4, "json_schema": json.dumps({"type": "object"})})
+        assert host.generate(PROMPTS[:1], NEW_TOKENS)[0]["output_ids"] == reference["ids"][0]
+    finally:
+        host.stop()
+    assert "grammar-constrained requests are not verified by DDTREE" in host.new_log()
+
+
+@pytest.mark.parametrize("engine, env, message", [
+    ({}, {"KDTREE_DDTREE_TOPK": "0"}, "KDTREE_DDTREE_TOPK must be a positive integer"),
+    ({"speculative_draft_model_path": None}, {}, "needs --speculative-draft-model-path"),
+    ({"speculative_num_draft_tokens": 1025}, {}, r"must be in \[2, 1024\]"),
+], ids=["topk", "draft-path", "width"])
+def test_bad_launch_arguments_fail_naming_the_fix(host, models, engine, env, message):
+    with pytest.raises(EngineError, match=message):
+        host.start(models["target"], env=env, **{**ddtree(models), **engine})
+    host.new_log()
