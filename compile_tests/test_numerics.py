@@ -159,6 +159,39 @@ def test_1024_token_tree(ops, device, draft_mode):
     run_and_check(ops, case, device)
 
 
+def _pack_rows(rows: list[list[bool]], words: int) -> torch.Tensor:
+    """[len(rows), words] int32: bit j % 32 of word j // 32 set where rows[i][j]."""
+    packed = torch.zeros(len(rows), words, dtype=torch.int64)
+    for i, row in enumerate(rows):
+        for j, seen in enumerate(row):
+            if seen:
+                packed[i, j // 32] |= 1 << (j % 32)
+    return torch.where(packed >= 1 << 31, packed - (1 << 32), packed).to(torch.int32)
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+@pytest.mark.parametrize("kind", ["gqa", "mla"])
+@pytest.mark.parametrize("pattern", ["whole_block", "random"])
+def test_masks_beyond_ancestors(ops, device, kind, pattern):
+    """The mask is any set of the request's draft tokens, later ones included: DDTREE's DFlash drafter runs its
+    block bidirectionally through the op (whole_block: every row sees all of its request's tokens), and a row may
+    see a sibling or a descendant (random bits)."""
+    gen = torch.Generator().manual_seed(41)
+    sizes, prefixes = [8, 40, 3], [21, 0, 70]
+    if kind == "gqa":
+        case = _case(device, tree_sizes=sizes, prefix_lens=prefixes, draft_mode="separate", generator=gen)
+    else:
+        dqk, dv = MLA_HEAD_DIMS[device][0]
+        case = _case(device, tree_sizes=sizes, prefix_lens=prefixes, num_q_heads=8, num_kv_heads=1, head_dim_qk=dqk,
+                     head_dim_v=dv, layout="mla", generator=gen)
+    rows = []
+    for t in sizes:
+        for _ in range(t):
+            rows.append([True] * t if pattern == "whole_block" else (torch.rand(t, generator=gen) < 0.5).tolist())
+    case.tree_mask[: len(rows)] = _pack_rows(rows, case.tree_mask.shape[1]).to(case.tree_mask.device)
+    run_and_check(ops, case, device)
+
+
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
 @pytest.mark.parametrize("draft_mode", ["cache", "separate"])
 def test_rows_that_see_nothing_are_zero(ops, device, draft_mode):

@@ -230,3 +230,15 @@ def test_bad_launch_arguments_fail_naming_the_fix(host, models, engine, env, mes
     with pytest.raises(EngineError, match=message):
         host.start(models["target"], env=env, **{**ddtree(models), **engine})
     host.new_log()
+
+
+def test_example_ddtree_cpu_runs_as_written():
+    """examples/sglang/ddtree_cpu.py (README), with fewer tokens to stay quick."""
+    import subprocess
+
+    example = Path(__file__).parents[1] / "examples" / "sglang" / "ddtree_cpu.py"
+    run = subprocess.run([sys.executable, str(example), "--tokens", "8", "--chain"], capture_output=True, text=True,
+                         timeout=600)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "DDTREE through kdtree equals generation without speculation" in run.stdout
+    assert "| tree, top-8 | 16 |" in run.stdout and "| chain, top-1 (DFLASH's shape) | 8 |" in run.stdout

@@ -61,7 +61,7 @@ def markov_llama(folder: Path, seed: int = 0) -> Path:
 
     config = LlamaConfig(
         vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=96, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0,
+        num_key_value_heads=2, head_dim=96, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0,
         tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS, torch_dtype="float32")
     model = LlamaForCausalLM(config)
     f = successor(seed)
@@ -129,7 +129,7 @@ def dflash_draft(folder: Path, seed: int = 0) -> Path:
     config = dict(
         architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=VOCAB, hidden_size=HIDDEN,
         intermediate_size=32, num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads,
-        head_dim=head_dim, max_position_embeddings=1024, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
+        head_dim=head_dim, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
         attention_bias=False, tie_word_embeddings=False, torch_dtype="float32", bos_token_id=BOS, eos_token_id=EOS,
         block_size=BLOCK_SIZE, dflash_config={"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": [0]})
     folder.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,9 @@ with `--grammar-backend none`, so SGLang aborts them with its own message and th
 from __future__ import annotations
 
 import logging
+import os
+import time
+import weakref
 import zlib
 
 import torch
@@ -44,6 +47,52 @@ from .dflash_drafter import DFlashDrafter
 from .verify_metadata import fill_prefix_slots
 
 logger = logging.getLogger(__name__)
+
+PROFILE_ENV = "KDTREE_DDTREE_PROFILE"
+PHASES = ("draft", "build", "verify", "accept", "commit")
+_LIVE: list = []  # weak references to this process's workers (their stats reach get_server_info)
+
+
+def live_workers() -> list:
+    return [w for w in (ref() for ref in _LIVE) if w is not None]
+
+
+class PhaseClock:
+    """Wall time per round phase, only with KDTREE_DDTREE_PROFILE=1: it synchronizes the device at each phase
+    boundary (and reads the accepted counts), so it is for measuring, never for serving."""
+
+    def __init__(self, device):
+        self.enabled = os.environ.get(PROFILE_ENV, "") == "1"
+        self.device = torch.device(device)
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.rounds = self.drafts_accepted = 0
+        self._last = 0.0
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def start(self) -> None:
+        if self.enabled:
+            self._last = self._now()
+
+    def lap(self, phase: str) -> None:
+        if self.enabled:
+            now = self._now()
+            self.seconds[phase] += now - self._last
+            self._last = now
+
+    def end(self, accept_len: torch.Tensor) -> None:
+        self.rounds += 1
+        if self.enabled:
+            self.drafts_accepted += int(accept_len.sum())
+
+    def stats(self) -> dict:
+        out = {"rounds": self.rounds, "profiled": self.enabled}
+        if self.enabled:
+            out.update(drafts_accepted=self.drafts_accepted, seconds=dict(self.seconds))
+        return out
 
 
 class DDTreeVerifyInput(NgramVerifyInput):
@@ -92,6 +141,12 @@ class DDTreeWorker(BaseSpecWorker):
         self.topk = ddtree_topk()
         self.draft_path = get_spec().speculative_draft_model_path
         self.drafter: DFlashDrafter | None = None  # built with the target's pools (alloc_memory_pool)
+        self.clock = PhaseClock(self.device)
+        _LIVE.append(weakref.ref(self))
+
+    def stats(self) -> dict:
+        """Rounds run, and with KDTREE_DDTREE_PROFILE=1 accepted drafts and seconds per phase (get_server_info)."""
+        return {"num_tree_tokens": self.num_tree_tokens, "topk": self.topk, **self.clock.stats()}
 
     @property
     def draft_worker(self):
@@ -155,6 +210,7 @@ class DDTreeWorker(BaseSpecWorker):
         bonus = batch.spec_info.bonus_tokens
         prefix = batch.seq_lens
         req_to_token = self.req_to_token_pool.req_to_token
+        self.clock.start()
         # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
         kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
         torch.cumsum(prefix.to(torch.int32), 0, out=kv_indptr[1:])
@@ -162,8 +218,10 @@ class DDTreeWorker(BaseSpecWorker):
         kv_indices = torch.empty(int(batch.seq_lens_cpu.sum()) + 1, dtype=torch.int32, device=self.device)
         fill_prefix_slots(req_to_token, batch.req_pool_indices, prefix, kv_indptr, kv_indices, max_len)
         logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
+        self.clock.lap("draft")
         # 2. the tree
         tree_tokens, parents, depths, tree_mask = ddtree.build_tree(logprobs, candidates, bonus, self.budget)
+        self.clock.lap("build")
         # 3. verify
         positions = (prefix[:, None].to(torch.int64) + depths).reshape(-1)
         out_cache_loc = assign_extend_cache_locs_func(
@@ -176,6 +234,7 @@ class DDTreeWorker(BaseSpecWorker):
         out = self._target_worker.forward_batch_generation(batch, is_verify=True,
                                                            capture_hidden_mode=CaptureHiddenMode.FULL)
         logits_output = out.logits_output
+        self.clock.lap("verify")
         # 4. the target's token after every node, and the accepted path
         targets = self._target_tokens(batch, logits_output.next_token_logits, positions.view(bs, n))
         accepted, accept_len, next_tokens = ddtree.accept_greedy(tree_tokens, parents, targets, self.max_depth)
@@ -185,6 +244,7 @@ class DDTreeWorker(BaseSpecWorker):
             node_rows = torch.arange(bs, device=self.device)[:, None] * n + accepted
             compute_spec_logprobs(batch, logits_output, targets.reshape(-1),
                                   accept_index=torch.where(accepted >= 0, node_rows, -1))
+        self.clock.lap("accept")
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
         dest = node_slots[:, : self.max_depth + 1]
@@ -202,6 +262,8 @@ class DDTreeWorker(BaseSpecWorker):
         accept_lens = (accept_len + 1).to(torch.int32)
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         batch.forward_mode = ForwardMode.DECODE
+        self.clock.lap("commit")
+        self.clock.end(accept_len)
         if on_publish is not None:
             on_publish(new_seq_lens)
         return GenerationBatchResult(

@@ -25,7 +25,8 @@ pyproject.toml. `register()`:
   per process, as soon as SGLang's logging is set up (at once if logging was configured before);
 - registers one HookRegistry AFTER hook on the scheduler's `get_internal_state`: the answer gains `kdtree`, the
   status of each kdtree backend of that scheduler process (base, mode, verify steps, op and base calls per
-  layer, fall-backs, validate statistics), so `Engine.get_server_info()["internal_states"][i]["kdtree"]` (and the
+  layer, fall-backs, validate statistics) and `ddtree`, the stats of each DDTREE worker (rounds; with
+  KDTREE_DDTREE_PROFILE=1 accepted drafts and seconds per round phase), so `Engine.get_server_info()["internal_states"][i]["kdtree"]` (and the
   HTTP server's /get_server_info) show what ran where, across the process boundary.
 SGLang applies the hooks itself (`HookRegistry.apply_hooks()` at the end of `load_plugins()`); nothing here
 patches anything.
@@ -48,6 +49,7 @@ CONFIGURE_LOGGER_TARGET = "sglang.srt.utils.common.configure_logger"
 INTERNAL_STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
                          "SchedulerInternalStateController.get_internal_state")
 STATE_KEY = "kdtree"
+DDTREE_STATE_KEY = "ddtree"
 SUCCESS_LINE = f"kdtree_ops: registered SGLang attention backend {BACKEND_NAME!r} (KDTREE_VERIFY modes: off|validate|on)"
 
 _registered = False
@@ -101,9 +103,12 @@ def internal_state_hook(result, *args, **kwargs):
     import sys
 
     backend_module = sys.modules.get("kdtree_ops.sglang.backend")  # never imported: no kdtree backend here
+    worker_module = sys.modules.get("kdtree_ops.sglang.ddtree_worker")  # imported when DDTREE runs
     state = getattr(result, "internal_state", None)
     if backend_module is not None and isinstance(state, dict):
         state[STATE_KEY] = [b.status() for b in backend_module.live_backends()]
+    if worker_module is not None and isinstance(state, dict):
+        state[DDTREE_STATE_KEY] = [w.stats() for w in worker_module.live_workers()]
     return None  # the (updated) result is kept
 
 
