@@ -81,14 +81,19 @@ def _spawned_load_plugins(queue) -> None:
         over_other.base = named["OtherBackend"]
         named["KDTreeAttnBackend over OtherBackend"] = over_other
         factory = ATTENTION_BACKENDS.get("kdtree")
+        from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+        ddtree = SpeculativeAlgorithm.from_string("ddtree")
         queue.put({
+            "ddtree": [type(ddtree).__name__, ddtree.name, ddtree.is_speculative(), ddtree.is_dflash()],
             "registered": factory is not None,
             "factory": f"{factory.__module__}.{factory.__qualname__}" if factory else None,
             "choice": ATTENTION_BACKEND_CHOICES.count("kdtree"),
             "triton_changed": changed,
             "hooked": hasattr(dflash_utils.resolve_dflash_verify_mask_policy, "__wrapped__"),
             "policy": {n: list(dflash_utils.resolve_dflash_verify_mask_policy(o)) for n, o in named.items()},
-            "lazy": {m: m in sys.modules for m in ("kdtree_ops.sglang.backend", "kdtree_ops.ops")},
+            "lazy": {m: m in sys.modules for m in ("kdtree_ops.sglang.backend", "kdtree_ops.ops",
+                                                   "kdtree_ops.sglang.ddtree_worker")},
             "cached_build": bool(getattr(sys.modules.get("kdtree_ops.build"), "_loaded_library", None)),
             "register_src": inspect.getsourcefile(factory) if factory else None,
         })
@@ -121,7 +126,10 @@ def test_spawned_process_load_plugins_registers_kdtree():
     assert result["policy"]["OtherBackend"] == ["OtherBackend", True]
     # register() is cheap: the backend module is not imported, and the ops library is loaded only where a finished
     # build for this machine was cached (import kdtree_ops: a dlopen, no compiling).
-    assert result["lazy"] == {"kdtree_ops.sglang.backend": False, "kdtree_ops.ops": result["cached_build"]}
+    assert result["lazy"] == {"kdtree_ops.sglang.backend": False, "kdtree_ops.ops": result["cached_build"],
+                              "kdtree_ops.sglang.ddtree_worker": False}
+    # --speculative-algorithm DDTREE comes from the same entry point (its worker imported only when built).
+    assert result["ddtree"] == ["DDTreeAlgorithm", "DDTREE", True, False]
 
 
 def test_launch_server_help_lists_kdtree():

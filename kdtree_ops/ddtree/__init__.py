@@ -8,7 +8,8 @@
   `sampling_reference`: the sampled draw's, op for op;
 - `loop`: one DDTree round end to end on a toy target (draft, build, verify, accept, commit), capturable as
   one CUDA graph;
-- the SGLang speculative worker lives with the SGLang integration (kdtree_ops/sglang/).
+- the SGLang speculative worker (`--speculative-algorithm DDTREE`) lives with the SGLang integration:
+  kdtree_ops/sglang/ddtree_worker.py (its DFlash drafter: dflash_drafter.py).
 """
 
 from .ops import accept_greedy, accepted_slots, build_tree, build_tree_shapes, commit_kv, mask_words
