@@ -102,9 +102,11 @@ class DFlashDrafter:
         self.v_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.model.layers]
         self.scratch_slot = num_slots
         self._block_masks: dict[int, torch.Tensor] = {}
+        cache_gib = 2 * len(self.k_cache) * self.k_cache[0].numel() * self.k_cache[0].element_size() / 2**30
         logger.info("DDTREE DFlash drafter: %d layers, block size %d (%d drafted positions), mask token %d, target "
-                    "layers %s, draft cache %d slots", len(self.model.layers), self.block_size, self.block_size - 1,
-                    self.mask_token_id, self.target_layer_ids, num_slots)
+                    "layers %s, draft cache %d slots (%.3f GiB, outside --mem-fraction-static's accounting)",
+                    len(self.model.layers), self.block_size, self.block_size - 1, self.mask_token_id,
+                    self.target_layer_ids, num_slots, cache_gib)
 
     # ---- the draft cache ---------------------------------------------------------------------------------
 
