@@ -276,8 +276,14 @@ def test_fp8_pool_follows_the_op_answer_eager_and_graph(monkeypatch, caplog, kv_
     triton.init_forward_metadata(fb)
     alone = run_layer(triton, setup, step, fb)
     if served:
+        # Both against the float64 reference on the dequantized pool: kdtree within the suite's tolerance and no
+        # worse than Triton's fp8 path, which also casts q and P to fp8 (with e5m2's 2 mantissa bits it is the
+        # further of the two: kdtree and Triton differ by up to 0.13 there, 2026-12-02 H200 run).
         assert lines == [] and kdtree.op_calls == {0: 1}
-        torch.testing.assert_close(actual, alone, atol=5e-2, rtol=5e-2)
+        ref = step.reference()
+        assert_close(actual, ref, f"kdtree over an {kv_dtype} pool vs the reference")
+        ours, triton_err = ((x.double() - ref).abs().max().item() for x in (actual, alone))
+        assert ours <= triton_err, (ours, triton_err)
         return
     assert len(lines) == 1 and kdtree.base_calls == {0: 1}
     torch.testing.assert_close(actual, alone, atol=0, rtol=0)  # the base's kernel
