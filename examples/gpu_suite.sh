@@ -153,7 +153,7 @@ for part in "${parts[@]}"; do
     stage native errors 200 120 $py -m pytest compile_tests -m cuda -k "test_bad_input" -p no:cacheprovider \
       --durations=5 --junitxml="$out/native/pytest_cuda_errors.xml"
     # The SGLang backend suite needs a GPU as a whole; whatever of it is not marked `cuda` runs here.
-    stage native sglang_gpu 150 60 $py -m pytest compile_tests/test_sglang_backend_gpu.py -m "not cuda" -v \
+    stage native sglang_gpu 300 60 $py -m pytest compile_tests/test_sglang_backend_gpu.py -m "not cuda" -v \
       -p no:cacheprovider --durations=10 --junitxml="$out/native/pytest_sglang_gpu.xml"
     if [ -n "$sanitizer" ]; then
       # Without the caching allocator every tensor is its own allocation, so memcheck sees out-of-bounds reads
