@@ -225,8 +225,11 @@ class GraphHarness:
         fb = ForwardBatch(
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=self.bs,
             input_ids=torch.zeros(self.n, dtype=torch.int64, device=DEVICE),
-            req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens, seq_lens_cpu=None,
-            out_cache_loc=self.out_cache_loc, seq_lens_sum=None, positions=self.positions)
+            req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens,
+            # The runner's host-side lengths, as its capture and replay batches carry them: FlashInfer's verify plan
+            # sizes its index buffer from seq_lens_sum (Triton's reads only the device tensors).
+            seq_lens_cpu=torch.tensor(step.prefix_lens, dtype=torch.int32),
+            out_cache_loc=self.out_cache_loc, seq_lens_sum=sum(step.prefix_lens), positions=self.positions)
         self.setup.runner.kv_index_translator.bind_own_plan(fb)
         return fb
 

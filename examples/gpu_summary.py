@@ -6,12 +6,25 @@
 from __future__ import annotations
 
 import csv
+import re
 import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 
-def junit_summary(xml: Path) -> str:
+def selected_count(log: Path) -> int | None:
+    """How many tests pytest selected, from its log's "collected N items / D deselected / S selected" line."""
+    text = log.read_text(errors="replace") if log.exists() else ""
+    m = re.search(r"collected (\d+) items?(?: / (\d+) deselected)?(?: / (\d+) selected)?", text)
+    if not m:
+        return None
+    collected, deselected, selected = (int(g) if g else None for g in m.groups())
+    return selected if selected is not None else collected - (deselected or 0)
+
+
+def junit_summary(xml: Path, log: Path | None = None) -> str:
+    """What ran and how it ended; a stage stopped by its time limit names how many of the selected tests ran (the
+    junit file lists only those)."""
     if not xml.exists():
         return "no junit XML (pytest did not run or did not finish)"
     try:
@@ -21,8 +34,11 @@ def junit_summary(xml: Path) -> str:
     suites = [root] if root.tag == "testsuite" else list(root)
     n = {k: sum(int(s.get(k, 0)) for s in suites) for k in ("tests", "failures", "errors", "skipped")}
     passed = n["tests"] - n["failures"] - n["errors"] - n["skipped"]
-    text = (f"{n['tests']} collected: **{passed} passed**, {n['failures']} failed, {n['errors']} errors, "
+    text = (f"{n['tests']} ran: **{passed} passed**, {n['failures']} failed, {n['errors']} errors, "
             f"{n['skipped']} skipped")
+    selected = selected_count(log) if log is not None else None
+    if selected is not None and selected > n["tests"]:
+        text += f"; **{selected - n['tests']} of the {selected} selected did not run** (the stage ended first)"
     bad = [f"{c.get('classname')}::{c.get('name')}" for s in suites for c in s.iter("testcase")
            if c.find("failure") is not None or c.find("error") is not None]
     if bad:
@@ -50,11 +66,12 @@ def main(out: Path) -> None:
     native, emulated, bench = out / "native", out / "emulated", out / "bench"
     if native.exists():
         lines += ["## GPU tests (native, sm_90a)", "",
-                  "`pytest compile_tests -m cuda -k 'not test_bad_input'`: " + junit_summary(native / "pytest_cuda.xml"),
+                  "`pytest compile_tests -m cuda -k 'not test_bad_input'`: "
+                  + junit_summary(native / "pytest_cuda.xml", native / "tests.log"),
                   "", "`pytest compile_tests -m cuda -k test_bad_input` (each case in its own process): "
-                  + junit_summary(native / "pytest_cuda_errors.xml"), "",
+                  + junit_summary(native / "pytest_cuda_errors.xml", native / "errors.log"), "",
                   "`pytest compile_tests/test_sglang_backend_gpu.py -m 'not cuda'`: "
-                  + junit_summary(native / "pytest_sglang_gpu.xml"), "",
+                  + junit_summary(native / "pytest_sglang_gpu.xml", native / "sglang_gpu.log"), "",
                   "## compute-sanitizer (examples/sanitize_case.py)", ""]
         lines += [f"- {tool}: {sanitizer_summary(native / f'{tool}.log')}" for tool in ("memcheck", "racecheck")]
         lines.append("")
@@ -62,7 +79,7 @@ def main(out: Path) -> None:
         lines += ["## GPU tests under emulated architecture classes (KDTREE_OPS_EMULATE_ARCH, on this sm_90 GPU)", ""]
         for arch, name in (("80", "sm_80"), ("120", "99 KB class (sm_86, sm_89, sm_120/121)")):
             lines.append(f"- {name}: `pytest compile_tests -m cuda -k 'not test_bad_input'`: "
-                         + junit_summary(emulated / f"pytest_cuda_sm{arch}.xml"))
+                         + junit_summary(emulated / f"pytest_cuda_sm{arch}.xml", emulated / f"tests_sm{arch}.log"))
         lines.append("")
     if bench.exists():
         lines += ["## Benchmark (`python -m kdtree_ops.bench`)", ""]
