@@ -125,6 +125,15 @@ class Step:
             table[int(self.req_pool_indices[b]), : slots.numel()] = slots.to(table.dtype).to(DEVICE)
 
     @property
+    def seq_lens_cpu(self) -> torch.Tensor:
+        """The prefix lengths on the host, as the runner's batches carry them beside seq_lens."""
+        return torch.tensor(self.prefix_lens, dtype=torch.int32)
+
+    @property
+    def seq_lens_sum(self) -> int:
+        return sum(self.prefix_lens)
+
+    @property
     def out_cache_loc(self) -> torch.Tensor:
         return torch.cat([s[p:] for s, p in zip(self.slots, self.prefix_lens)]).to(DEVICE)
 
@@ -161,7 +170,7 @@ class Step:
             retrieve_next_token=nxt, retrieve_next_sibling=nxt.clone(),
             retrieve_cum_len=torch.arange(self.bs + 1, dtype=torch.int32, device=DEVICE) * self.t,
             spec_steps=4, topk=4, draft_token_num=self.t, capture_hidden_mode=CaptureHiddenMode.FULL,
-            seq_lens_sum=sum(self.prefix_lens), seq_lens_cpu=torch.tensor(self.prefix_lens, dtype=torch.int32))
+            seq_lens_sum=self.seq_lens_sum, seq_lens_cpu=self.seq_lens_cpu)
 
     def forward_batch(self, with_mask: bool = True) -> ForwardBatch:
         self.write_req_to_token()
@@ -169,9 +178,9 @@ class Step:
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=self.bs,
             input_ids=torch.zeros(self.n, dtype=torch.int64, device=DEVICE),
             req_pool_indices=self.req_pool_indices.to(torch.int32).to(DEVICE),
-            seq_lens=torch.tensor(self.prefix_lens, dtype=torch.int32, device=DEVICE),
-            seq_lens_cpu=torch.tensor(self.prefix_lens, dtype=torch.int32),
-            out_cache_loc=self.out_cache_loc, seq_lens_sum=sum(self.prefix_lens), positions=self.positions,
+            seq_lens=self.seq_lens_cpu.to(DEVICE),
+            seq_lens_cpu=self.seq_lens_cpu,
+            out_cache_loc=self.out_cache_loc, seq_lens_sum=self.seq_lens_sum, positions=self.positions,
         )
         fb.spec_info = self.spec_info(with_mask)
         self.setup.runner.kv_index_translator.bind_own_plan(fb)
@@ -215,7 +224,7 @@ class GraphHarness:
         assert step.bs == self.bs and step.t == self.t
         step.write_req_to_token()
         self.req_pool_indices.copy_(step.req_pool_indices.to(torch.int32))
-        self.seq_lens.copy_(torch.tensor(step.prefix_lens, dtype=torch.int32))
+        self.seq_lens.copy_(step.seq_lens_cpu)
         self.out_cache_loc.copy_(step.out_cache_loc)
         self.positions.copy_(step.positions)
         self.q.copy_(step.q)
@@ -226,10 +235,10 @@ class GraphHarness:
             forward_mode=ForwardMode.TARGET_VERIFY, batch_size=self.bs,
             input_ids=torch.zeros(self.n, dtype=torch.int64, device=DEVICE),
             req_pool_indices=self.req_pool_indices, seq_lens=self.seq_lens,
-            # The runner's host-side lengths, as its capture and replay batches carry them: FlashInfer's verify plan
-            # sizes its index buffer from seq_lens_sum (Triton's reads only the device tensors).
-            seq_lens_cpu=torch.tensor(step.prefix_lens, dtype=torch.int32),
-            out_cache_loc=self.out_cache_loc, seq_lens_sum=sum(step.prefix_lens), positions=self.positions)
+            # The host-side lengths the runner's capture and replay batches carry: FlashInfer's verify plan sizes its
+            # index buffer from seq_lens_sum (Triton's reads only the device tensors).
+            seq_lens_cpu=step.seq_lens_cpu, seq_lens_sum=step.seq_lens_sum,
+            out_cache_loc=self.out_cache_loc, positions=self.positions)
         self.setup.runner.kv_index_translator.bind_own_plan(fb)
         return fb
 
