@@ -6,7 +6,9 @@ verify layer:
   KDTREE_VERIFY=off|validate, --enable-deterministic-inference), each cause named with its fix, through SGLang's own
   argument resolution; the kdtree backend refuses, when it is built, a DDTREE target whose loaded model has a layer
   the op cannot serve (and the flags again), and a verify call that only at run time shows such a reason;
-- a DDTREE verify step is served by the op over any base.
+- a DDTREE verify step is served by the op over any base, and the base never prepares a DDTREE verify batch
+  (FlashInfer's, flashinfer_mla's and aiter's verify metadata asks the spec info for a dense mask, which
+  DDTreeVerifyInput answers with a clear error).
 """
 
 from __future__ import annotations
@@ -169,3 +171,76 @@ def test_a_ddtree_step_is_served_by_the_op(base_calls):
     rig.backend.init_forward_metadata(fb)
     assert_served(rig, step, run_layers(rig, step, fb), base_calls)
     assert rig.backend.op_calls == {0: 1, 1: 1}
+
+
+# ---- the base never prepares a DDTREE verify batch ----------------------------------------------------------------
+
+
+class VerifyArgsBase:
+    """A base whose verify metadata is FlashInfer's, flashinfer_mla's and aiter's (flashinfer_backend.py:2283-2292):
+    it asks the spec info for the verify's attention arguments, `generate_attn_arg_prefill` (for a tree verify input,
+    NgramVerifyInput's, which reads `custom_mask.numel()`). Records the forward modes it prepared."""
+
+    def __init__(self, model_runner):
+        self.runner, self.prepared = model_runner, []
+
+    def _prepare(self, forward_batch):
+        self.prepared.append(forward_batch.forward_mode)
+        if forward_batch.forward_mode.is_target_verify():
+            forward_batch.spec_info.generate_attn_arg_prefill(
+                req_pool_indices=forward_batch.req_pool_indices, paged_kernel_lens=forward_batch.seq_lens,
+                paged_kernel_lens_sum=int(forward_batch.seq_lens.sum()), translator=self.runner.kv_index_translator,
+                plan=forward_batch.kv_loc_plan)
+
+    def init_forward_metadata(self, forward_batch):
+        self._prepare(forward_batch)
+
+    def init_cuda_graph_state(self, max_bs, max_num_tokens, *args, **kwargs):
+        pass
+
+    def init_forward_metadata_out_graph(self, forward_batch, in_capture=False):
+        self._prepare(forward_batch)
+
+    def init_forward_metadata_in_graph(self, forward_batch):
+        self._prepare(forward_batch)
+
+    verify_mask = None
+
+
+@pytest.fixture
+def verify_args_base(monkeypatch):
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    monkeypatch.setitem(ATTENTION_BACKENDS, "verify_args_probe", VerifyArgsBase)
+    return "verify_args_probe"
+
+
+def test_a_base_with_verify_metadata_never_prepares_a_ddtree_verify(verify_args_base):
+    """Seen before this fix: kdtree forwarded the verify metadata init to such a base, whose call crashed on the
+    first verify (AttributeError: 'NoneType' object has no attribute 'numel')."""
+    rig = ddtree_rig(base=verify_args_base)
+    rig.build()
+    base = rig.backend.base
+    step = Step(rig, (9, 4), seed=8)
+    fb = ddtree_batch(step)
+    rig.backend.init_forward_metadata(fb)
+    assert base.prepared == []
+    assert_served(rig, step, run_layers(rig, step, fb), [])
+    rig.backend.init_cuda_graph_state(2, 2 * T)
+    rig.backend.init_forward_metadata_out_graph(fb, in_capture=True)
+    rig.backend.init_forward_metadata_out_graph(fb)
+    rig.backend.init_forward_metadata_in_graph(fb)
+    assert base.prepared == []
+    decode = step.forward_batch()
+    decode.forward_mode = decode.forward_mode.DECODE  # everything else is the base's
+    rig.backend.init_forward_metadata(decode)
+    assert [m.name for m in base.prepared] == ["DECODE"]
+
+
+def test_a_base_that_asks_a_ddtree_verify_input_for_its_arguments_gets_a_clear_error(verify_args_base):
+    rig = ddtree_rig(base=verify_args_base)
+    rig.build()
+    fb = ddtree_batch(Step(rig, (5, 5), seed=9))
+    with pytest.raises(RuntimeError, match="carries its tree only as the kdtree op's packed mask") as info:
+        rig.backend.base.init_forward_metadata(fb)
+    assert "--attention-backend kdtree" in str(info.value)

@@ -246,8 +246,12 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         return n if n > 0 else self._capture_width
 
     def _base_prepares(self, forward_batch) -> bool:
-        """Whether the base prepares this batch: everything but verify batches of a base without verify."""
-        return self._base_verifies or not forward_batch.forward_mode.is_target_verify()
+        """Whether the base prepares this batch: every batch but the verify batches it never serves — those of a base
+        without verify, and DDTREE's (the op serves every verify layer, and a base's verify metadata cannot be built
+        from DDTREE's verify input: FlashInfer's, flashinfer_mla's and aiter's ask it for a dense mask)."""
+        if not forward_batch.forward_mode.is_target_verify():
+            return True
+        return self._base_verifies and not self._ddtree
 
     def init_forward_metadata(self, forward_batch):
         if self._base_prepares(forward_batch):

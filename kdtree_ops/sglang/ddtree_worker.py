@@ -103,6 +103,14 @@ class DDTreeVerifyInput(NgramVerifyInput):
                          draft_token_num=tree_tokens.shape[1], new_seq_lens=positions)
         self.packed_tree_mask = packed_tree_mask
 
+    def generate_attn_arg_prefill(self, **_kwargs):
+        """What a backend's own verify metadata asks a tree verify input for (NgramVerifyInput's reads a dense
+        custom_mask): DDTREE has none, so it says so instead of an AttributeError on None."""
+        raise RuntimeError(
+            "DDTreeVerifyInput carries its tree only as the kdtree op's packed mask (no dense custom_mask), so an "
+            "attention backend's own verify metadata cannot be built from it: DDTREE verifies on the kdtree backend "
+            "(--attention-backend kdtree), which never hands a DDTREE verify batch to its base")
+
 
 class DDTreeCarry(NgramVerifyInput):
     """What one round hands the next (the running batch's spec info): each request's bonus token."""
