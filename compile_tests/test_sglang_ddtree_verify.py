@@ -42,7 +42,7 @@ def ddtree_rig(**kwargs) -> Rig:
 
 def ddtree_spec_info(step: Step):
     """The step's trees as DDTREE's verify input carries them: the op's packed mask, no dense mask."""
-    from kdtree_ops.sglang.ddtree_worker import DDTreeVerifyInput
+    from kdtree_ops.sglang.ddtree_spec_info import DDTreeVerifyInput
 
     packed = torch.cat([ancestor_mask(parents, 1) for parents in step.trees])
     tokens = torch.zeros(step.bs, T, dtype=torch.int64)
