@@ -14,7 +14,9 @@ the caches):
   5. commit: `ddtree.commit_kv` moves the accepted nodes' target K/V to positions L_b .. L_b + accepted (every
      layer), and the drafter writes the same positions' draft K/V from the target's hidden states there;
   6. SGLang gets the accepted drafts and the bonus token per request (rows of D + 1, D = min(K, budget)).
-No step reads the device from the host; shapes come from (B, N, K, top-k). Prefill (extend) batches run the
+No step reads the device from the host; shapes come from (B, N, K, top-k) and the batch's host lengths; the host
+values the device needs (seeds SGLang does not keep, a prefill's extend lengths) go by SGLang's `async_h2d` (pinned
+staging, an asynchronous copy: a pageable `non_blocking` copy would synchronize the stream). Prefill (extend) batches run the
 target with its DFlash layers captured and fill the draft cache for the prompt's tokens (chunk by chunk, and
 only the uncached suffix under the radix cache: the draft cache shares the target's slots).
 
@@ -38,6 +40,7 @@ import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
+from sglang.srt.utils.common import async_h2d
 
 from .. import ddtree
 from ..ddtree.sampling import SamplingParams
@@ -93,6 +96,15 @@ class PhaseClock:
         if self.enabled:
             out.update(drafts_accepted=self.drafts_accepted, seconds=dict(self.seconds))
         return out
+
+
+def extend_positions(seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[num_tokens] int64: the positions of an extend batch's new tokens, request after request (request b's run
+    is seq_lens[b] - extend_lens[b] .. seq_lens[b] - 1), on the device; num_tokens = sum(extend_lens), a host int."""
+    lens = extend_lens.to(torch.int64)
+    request = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens, output_size=num_tokens)
+    run_end = torch.cumsum(lens, 0)[request]  # the batch index one past the token's run
+    return seq_lens.to(torch.int64)[request] - (run_end - torch.arange(num_tokens, device=lens.device))
 
 
 def request_seed(req) -> int:
@@ -168,8 +180,9 @@ class DDTreeWorker(BaseSpecWorker):
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE: the target returned no captured hidden states for the prefill")
-        positions = torch.cat([torch.arange(p, p + n, dtype=torch.int64)
-                               for p, n in zip(batch.prefix_lens, batch.extend_lens)]).to(self.device)
+        num_tokens = sum(batch.extend_lens)
+        positions = extend_positions(batch.seq_lens, async_h2d(batch.extend_lens, dtype=torch.int64,
+                                                               device=self.device), num_tokens)
         self.drafter.materialize(hidden[: positions.shape[0]], positions, batch.out_cache_loc.to(torch.int64))
         out.logits_output.hidden_states = None
         out.new_seq_lens = batch.seq_lens
@@ -259,8 +272,7 @@ class DDTreeWorker(BaseSpecWorker):
             return logits.argmax(-1).view(positions.shape)
         seeds = info.sampling_seed
         if seeds is None:  # SGLang keeps per-request seeds only under deterministic inference
-            seeds = torch.tensor([request_seed(r) for r in batch.reqs], dtype=torch.int64).to(self.device,
-                                                                                            non_blocking=True)
+            seeds = async_h2d([request_seed(r) for r in batch.reqs], dtype=torch.int64, device=self.device)
         params = SamplingParams.from_sglang(info, seeds)
         return ddtree.sample_targets(logits, positions, *params.astuple())
 
