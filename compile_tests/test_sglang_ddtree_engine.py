@@ -10,7 +10,7 @@ Shown, over four requests of different lengths, greedy, `ignore_eos`:
 a. DDTREE's output equals the engine's without speculation, token for token, radix cache on (a second round
    reuses cached prefixes, whose draft K/V the draft cache kept) and off with chunked prefill (16-token chunks);
    drafts are accepted but not all of them (0 < accepted drafts per verify < 7); every verify layer of every
-   round ran the op;
+   round ran the op (counted in Python and, KDTREE_VERIFY_COUNT=1, on the device);
 b. the tree beats the chain: the same drafter as a chain of top-1 picks (KDTREE_DDTREE_TOPK=1, DFLASH's block)
    accepts fewer drafts per verify;
 c. log-probs come back for the accepted tokens, equal to the non-speculative run's;
@@ -106,7 +106,7 @@ def reference(host, models):
 
 @pytest.fixture(scope="module")
 def radix(host, models):
-    return _run(host, models["target"], rounds=2, **ddtree(models))
+    return _run(host, models["target"], rounds=2, env={"KDTREE_VERIFY_COUNT": "1"}, **ddtree(models))
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +171,8 @@ def test_the_op_served_every_verify_layer(radix):
     (status,) = [s for s in radix["status"] if s["verify_steps"]]
     steps = status["verify_steps"]
     assert status["op_calls"] == {"0": steps, "1": steps} and status["base_calls"] == {}, status
+    # KDTREE_VERIFY_COUNT=1: the op's calls counted on the device agree (eager here; on a GPU, replays too).
+    assert status["device_op_calls"] == status["op_calls"] and status["device_non_finite"] == 0, status
     assert "DDTREE worker: trees of 16 tokens (budget 15), top-8 of 7 drafted positions" in radix["log"]
 
 
