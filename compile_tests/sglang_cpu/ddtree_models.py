@@ -32,6 +32,7 @@ from .tiny_models import BOS, EOS, VOCAB, save_tokenizer
 HIDDEN = 384
 GAMMA = 0.4         # lm_head scale: flatter draft distributions, so deep paths enter the tree
 ATTN_STD = 0.11     # the target's attention weights: f(current) stays the greedy token at ~84 % of positions
+MLA_ATTN_STD = 0.11  # the same for markov_mla (measured below)
 DRAFT_WEIGHTS = (1.0, 0.8, 0.65, 0.5)  # o_proj's weight of f^1 .. f^4 of the bonus token
 MASK_TOKEN_ID = 0   # <unk>: never the target's greedy token (its lm_head row is zero)
 BLOCK_SIZE = 8
@@ -55,15 +56,8 @@ def _power(f: list[int], t: int, d: int) -> int:
     return t
 
 
-def markov_llama(folder: Path, seed: int = 0) -> Path:
-    """The target (module docstring)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=96, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0,
-        tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS, torch_dtype="float32")
-    model = LlamaForCausalLM(config)
+def _set_markov_weights(model, seed: int, attn_std: float) -> None:
+    """One-hot embeddings, the successor lm_head, attention weights N(0, attn_std), norms 1, everything else 0."""
     f = successor(seed)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
@@ -71,7 +65,7 @@ def markov_llama(folder: Path, seed: int = 0) -> Path:
             if "norm" in name:
                 p.fill_(1.0)
             elif "self_attn" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * ATTN_STD)
+                p.copy_(torch.randn(p.shape, generator=gen) * attn_std)
             else:
                 p.zero_()
         embed = model.model.embed_tokens.weight
@@ -80,8 +74,76 @@ def markov_llama(folder: Path, seed: int = 0) -> Path:
         head = model.lm_head.weight
         for t in range(FIRST_WORD, VOCAB):
             head[f[t], t] = GAMMA
+
+
+def markov_llama(folder: Path, seed: int = 0, head_dim: int = 96) -> Path:
+    """The target (module docstring). head_dim: 96 on the CPU; 128 where the CUDA op serves it (64/128/256)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=4096, rms_norm_eps=1e-6,
+        rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS, torch_dtype="float32")
+    model = LlamaForCausalLM(config)
+    _set_markov_weights(model, seed, ATTN_STD)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder, safe_serialization=True)
+    save_tokenizer(folder)
+    return folder
+
+
+def markov_mla(folder: Path, seed: int = 0) -> Path:
+    """The same structure with DeepSeek-V3 attention (MLA: kv_lora_rank 512, rope 64, so the absorbed verify is the
+    op's (576, 512) family) and dense MLPs: `dflash_draft(seed)` drafts for it too (same embeddings and lm_head)."""
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    config = DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=32, moe_intermediate_size=32, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=4, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, first_k_dense_replace=2, n_routed_experts=4, num_experts_per_tok=2,
+        n_shared_experts=1, n_group=1, topk_group=1, max_position_embeddings=4096, rms_norm_eps=1e-6,
+        rope_theta=10000.0, rope_scaling=None, tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS,
+        torch_dtype="float32")
+    model = DeepseekV3ForCausalLM(config)
+    _set_markov_weights(model, seed, MLA_ATTN_STD)
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder, safe_serialization=True)
+    save_tokenizer(folder)
+    meta = json.loads((folder / "config.json").read_text())
+    # Fields of DeepSeek-V3's published config that SGLang's DeepseekV2 model reads and transformers' class omits.
+    meta.update(moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", routed_scaling_factor=1.0,
+                norm_topk_prob=True, ep_size=1, num_nextn_predict_layers=0)
+    (folder / "config.json").write_text(json.dumps(meta, indent=1))
+    return folder
+
+
+def eagle_draft(folder: Path, target: Path) -> Path:
+    """An EAGLE draft (SGLang's LlamaForCausalLMEagle) for any markov target: one decoder layer of zeros (the
+    residual passes through), `fc = [I | 0]` (the token's one-hot embedding in) and the target's embeddings and
+    lm_head, so it drafts f(token): right wherever the target follows f, wrong where its attention decides."""
+    from safetensors.torch import load_file, save_file
+
+    weights = {}
+    for file in sorted(target.glob("*.safetensors")):
+        weights.update(load_file(str(file)))
+    config = dict(architectures=["LlamaForCausalLMEagle"], model_type="llama", vocab_size=VOCAB,
+                  hidden_size=HIDDEN, intermediate_size=32, num_hidden_layers=1, num_attention_heads=4,
+                  num_key_value_heads=2, head_dim=128, max_position_embeddings=4096, rms_norm_eps=1e-6,
+                  rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS,
+                  torch_dtype="float32")
+    layer = "layers.0."
+    draft = {layer + n: torch.zeros(shape) for n, shape in (
+        ("self_attn.q_proj.weight", (512, HIDDEN)), ("self_attn.k_proj.weight", (256, HIDDEN)),
+        ("self_attn.v_proj.weight", (256, HIDDEN)), ("self_attn.o_proj.weight", (HIDDEN, 512)),
+        ("mlp.gate_proj.weight", (32, HIDDEN)), ("mlp.up_proj.weight", (32, HIDDEN)),
+        ("mlp.down_proj.weight", (HIDDEN, 32)))}
+    draft[layer + "post_attention_layernorm.weight"] = torch.ones(HIDDEN)
+    draft.update({"embed_tokens.weight": weights["model.embed_tokens.weight"],
+                  "fc.weight": torch.cat([torch.eye(HIDDEN), torch.zeros(HIDDEN, HIDDEN)], dim=1),
+                  "fc.bias": torch.zeros(HIDDEN), "lm_head.weight": weights["lm_head.weight"]})
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
+    save_file({k: v.contiguous() for k, v in draft.items()}, str(folder / "model.safetensors"))
     save_tokenizer(folder)
     return folder
 
