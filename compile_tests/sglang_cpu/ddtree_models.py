@@ -23,6 +23,7 @@ are set by hand so that the drafter is right often and wrong sometimes, for reas
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -39,12 +40,39 @@ BLOCK_SIZE = 8
 FIRST_WORD = 3      # ids 0..2 are special tokens
 
 
-def successor(seed: int = 0) -> list[int]:
-    """f: a random permutation of the word ids (special ids map to themselves and are never produced)."""
+@dataclass(frozen=True)
+class MarkovShape:
+    """Sizes of a markov target and its drafter. Ids below `embedded` (specials, then the words) have a hidden
+    dimension of their own (one-hot embeddings: embedded <= hidden); ids past it, where the vocabulary is larger
+    (a real tokenizer's 128,256), are never prompted nor produced: the target's logit for them is exactly 0, and the
+    drafter pushes them down through `unused_dim` (a dimension only the drafter writes; lm_head rows of those ids
+    read it with weight -UNUSED_PENALTY), so its distributions stay as flat as the toy's."""
+
+    hidden: int = HIDDEN
+    vocab: int = VOCAB
+    embedded: int = VOCAB
+    draft_heads: int = 4          # DFlash draft: heads of 128 (heads * 128 > embedded: V copies a one-hot)
+    draft_norm: float = 1.0       # its final norm's weight: sets how sharp its distributions are
+
+    @property
+    def words(self) -> range:
+        return range(FIRST_WORD, self.embedded)
+
+    @property
+    def unused_dim(self) -> int | None:
+        return self.hidden - 1 if self.vocab > self.embedded else None
+
+
+TOY = MarkovShape()
+UNUSED_PENALTY = 2.0
+
+
+def successor(seed: int = 0, shape: MarkovShape = TOY) -> list[int]:
+    """f: a random permutation of the word ids (other ids map to themselves and are never produced)."""
     gen = torch.Generator().manual_seed(seed)
-    words = torch.arange(FIRST_WORD, VOCAB)
+    words = torch.arange(FIRST_WORD, shape.embedded)
     perm = words[torch.randperm(len(words), generator=gen)]
-    f = list(range(VOCAB))
+    f = list(range(shape.embedded))
     for src, dst in zip(words.tolist(), perm.tolist()):
         f[src] = dst
     return f
@@ -148,52 +176,62 @@ def eagle_draft(folder: Path, target: Path) -> Path:
     return folder
 
 
-def dflash_draft(folder: Path, seed: int = 0) -> Path:
-    """The drafter for `markov_llama(seed=seed)` (module docstring)."""
-    from safetensors.torch import save_file
-
-    heads, head_dim = 4, 128
-    f = successor(seed)
+def dflash_draft_weights(seed: int = 0, shape: MarkovShape = TOY) -> tuple[dict, dict]:
+    """The drafter's weights (float32, names of SGLang's DFlashDraftModel) and config.json for `shape`."""
+    hidden, heads, head_dim = shape.hidden, shape.draft_heads, 128
+    f = successor(seed, shape)
     w: dict[str, torch.Tensor] = {}
     low = head_dim // 2 - 1           # the lowest-frequency rotary pair (neox layout): rotation ~1e-4 per position
-    q = torch.zeros(heads * head_dim, HIDDEN)
-    k = torch.zeros(heads * head_dim, HIDDEN)
-    v = torch.zeros(heads * head_dim, HIDDEN)
-    o = torch.zeros(HIDDEN, heads * head_dim)
+    q = torch.zeros(heads * head_dim, hidden)
+    k = torch.zeros(heads * head_dim, hidden)
+    v = torch.zeros(heads * head_dim, hidden)
+    o = torch.zeros(hidden, heads * head_dim)
     bias_channel = heads * head_dim - 1  # V's constant 1 for real tokens: cancels the mask token's residual
     for h in range(heads):
         q[h * head_dim + low, MASK_TOKEN_ID] = 1.0
-        k[h * head_dim + low, FIRST_WORD:VOCAB] = 1.0
+        k[h * head_dim + low, FIRST_WORD:shape.embedded] = 1.0
         k[h * head_dim + low, MASK_TOKEN_ID] = -1.0
-    scale = HIDDEN ** -0.5                  # the input norm leaves sqrt(HIDDEN) on the token's dimension
-    for t in range(VOCAB):
+    scale = hidden ** -0.5                  # the input norm leaves sqrt(hidden) on the token's dimension
+    for t in range(shape.embedded):
         v[t, t] = scale
-    v[bias_channel, FIRST_WORD:VOCAB] = scale
-    for t in range(FIRST_WORD, VOCAB):
+    v[bias_channel, FIRST_WORD:shape.embedded] = scale
+    for t in shape.words:
         for d, weight in enumerate(DRAFT_WEIGHTS):
-            o[_power(f, t, d), t] += weight * HIDDEN ** 0.5   # h[f^d(t)] -> lm_head favours f^{d+1}(t)
-    o[MASK_TOKEN_ID, bias_channel] = -HIDDEN ** 0.5
+            o[_power(f, t, d), t] += weight * hidden ** 0.5   # h[f^d(t)] -> lm_head favours f^{d+1}(t)
+    o[MASK_TOKEN_ID, bias_channel] = -hidden ** 0.5
+    if shape.unused_dim is not None:
+        o[shape.unused_dim, bias_channel] = hidden ** 0.5
     gen = torch.Generator().manual_seed(seed + 2)
-    fc = torch.zeros(HIDDEN, HIDDEN)
-    fc[VOCAB + 8:, :] = torch.randn(HIDDEN - VOCAB - 8, HIDDEN, generator=gen) * 0.1
+    fc = torch.zeros(hidden, hidden)
+    free = hidden - shape.embedded - 8 - (shape.unused_dim is not None)  # dimensions no head reads
+    fc[shape.embedded + 8: shape.embedded + 8 + free, :] = torch.randn(free, hidden, generator=gen) * 0.1
     prefix = "layers.0."
     w.update({
         prefix + "self_attn.q_proj.weight": q, prefix + "self_attn.k_proj.weight": k,
         prefix + "self_attn.v_proj.weight": v, prefix + "self_attn.o_proj.weight": o,
         prefix + "self_attn.q_norm.weight": torch.full((head_dim,), 3.0),
         prefix + "self_attn.k_norm.weight": torch.ones(head_dim),
-        prefix + "input_layernorm.weight": torch.ones(HIDDEN),
-        prefix + "post_attention_layernorm.weight": torch.ones(HIDDEN),
-        prefix + "mlp.gate_proj.weight": torch.zeros(32, HIDDEN), prefix + "mlp.up_proj.weight": torch.zeros(32, HIDDEN),
-        prefix + "mlp.down_proj.weight": torch.zeros(HIDDEN, 32),
-        "norm.weight": torch.ones(HIDDEN), "hidden_norm.weight": torch.ones(HIDDEN), "fc.weight": fc,
+        prefix + "input_layernorm.weight": torch.ones(hidden),
+        prefix + "post_attention_layernorm.weight": torch.ones(hidden),
+        prefix + "mlp.gate_proj.weight": torch.zeros(32, hidden), prefix + "mlp.up_proj.weight": torch.zeros(32, hidden),
+        prefix + "mlp.down_proj.weight": torch.zeros(hidden, 32),
+        "norm.weight": torch.full((hidden,), shape.draft_norm), "hidden_norm.weight": torch.ones(hidden),
+        "fc.weight": fc,
     })
     config = dict(
-        architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=VOCAB, hidden_size=HIDDEN,
+        architectures=["DFlashDraftModel"], model_type="qwen3", vocab_size=shape.vocab, hidden_size=hidden,
         intermediate_size=32, num_hidden_layers=1, num_attention_heads=heads, num_key_value_heads=heads,
-        head_dim=head_dim, max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
+        head_dim=head_dim, max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, hidden_act="silu",
         attention_bias=False, tie_word_embeddings=False, torch_dtype="float32", bos_token_id=BOS, eos_token_id=EOS,
         block_size=BLOCK_SIZE, dflash_config={"mask_token_id": MASK_TOKEN_ID, "target_layer_ids": [0]})
+    return w, config
+
+
+def dflash_draft(folder: Path, seed: int = 0, shape: MarkovShape = TOY) -> Path:
+    """The drafter for `markov_llama(seed=seed)` / `markov_mla` (module docstring)."""
+    from safetensors.torch import save_file
+
+    w, config = dflash_draft_weights(seed, shape)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "config.json").write_text(json.dumps(config, indent=1))
     save_file({name: t.contiguous() for name, t in w.items()}, str(folder / "model.safetensors"))

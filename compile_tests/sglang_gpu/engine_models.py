@@ -5,6 +5,9 @@
 - `mla`: ddtree_models.markov_mla (DeepSeek-V3 attention, kv_lora_rank 512 + rope 64: the op's absorbed MLA family)
   with the same two drafts (same embeddings and lm_head);
 - `llama8b`: a Llama-3-8B-shaped target (sglang_gpu/llama8b.py), built on the device.
+Engine settings: the models run side by side on one GPU (examples/gpu_suite.sh), so every engine's KV pool is
+capped by max_total_tokens, and mem_fraction_static is high only so that SGLang's start-up check (the memory its
+fraction leaves free must be free) passes while the other models' engines hold theirs.
 Measured on the CPU in float32 (greedy continuations of the suite's prompts): the target follows f at 66 % (tiny)
 and 54 % (mla) of positions.
 """
@@ -32,4 +35,4 @@ def build(model: str, root: Path) -> dict:
     return {"target": str(target), "eagle": str(ddtree_models.eagle_draft(folder / "eagle", target)),
             "dflash": str(ddtree_models.dflash_draft(folder / "dflash")),
             "words": range(ddtree_models.FIRST_WORD, ddtree_models.VOCAB),
-            "engine": dict(mem_fraction_static=0.3, cuda_graph_max_bs_decode=4)}
+            "engine": dict(mem_fraction_static=0.8, cuda_graph_max_bs_decode=4, max_total_tokens=65536)}

@@ -1,16 +1,19 @@
-"""summary.md of an engine-suite results folder (sglang_gpu/engine_suite.py's results.jsonl)."""
+"""summary.md of an engine-suite results folder (sglang_gpu/engine_suite.py's results.jsonl, in the folder or in
+its subfolders, one per model where the models ran side by side).
+
+    python -m sglang_gpu.engine_report DIR     # writes DIR/summary.md; exit 1 if a configuration failed
+"""
 
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 
 def load(out: Path) -> list:
-    path = Path(out) / "results.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    paths = sorted(Path(out).glob("results.jsonl")) + sorted(Path(out).glob("*/results.jsonl"))
+    return [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
 
 
 def _op_counts(record: dict) -> str:
@@ -77,3 +80,9 @@ def write_summary(out: Path) -> str:
     text = "\n".join(lines) + "\n"
     (Path(out) / "summary.md").write_text(text)
     return text
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    print(write_summary(folder))
+    sys.exit(1 if failures(folder) else 0)
