@@ -20,7 +20,8 @@ d. sampling: temperature 0.7 with a seed, a greedy request in the same batch: th
    needs CUDA or XPU: "No supported accelerator"; the distribution's losslessness is test_ddtree_sampling_lossless's
    chi-square on the op);
 e. refusals: a grammar-constrained request is aborted with SGLang's message and the server goes on; a bad
-   KDTREE_DDTREE_TOPK or a missing draft path fail at launch, naming the fix.
+   KDTREE_DDTREE_TOPK or a missing draft path fail at launch, naming the fix; so does a verify that would not run
+   the op (KDTREE_VERIFY=off over the intel_amx base, --attention-backend intel_amx), which gave wrong tokens.
 Token equality does not hinge on near-ties: every compared greedy token's margin in the reference is at least
 MIN_MARGIN.
 """
@@ -229,6 +230,20 @@ def test_a_grammar_request_is_refused_and_the_server_goes_on(host, models, refer
 def test_bad_launch_arguments_fail_naming_the_fix(host, models, engine, env, message):
     with pytest.raises(EngineError, match=message):
         host.start(models["target"], env=env, **{**ddtree(models), **engine})
+    host.new_log()
+
+
+@pytest.mark.parametrize("engine, env, fix", [
+    ({}, {"KDTREE_BASE_BACKEND": "intel_amx", "KDTREE_VERIFY": "off"}, "KDTREE_VERIFY=off"),
+    ({"attention_backend": "intel_amx"}, {}, "--attention-backend kdtree"),
+], ids=["verify-off-over-intel_amx", "intel_amx-backend"])
+def test_a_verify_that_would_not_run_the_op_is_refused_at_launch(host, models, engine, env, fix):
+    """DDTREE's verify input carries its tree only as the op's packed mask: another kernel would attend causally over
+    the flattened tree (seen before this refusal, over intel_amx with KDTREE_VERIFY=off: tokens [234, 171, 259, 146,
+    108, ...] where generation without speculation gives [234, 171, 259, 167, 70, ...])."""
+    with pytest.raises(EngineError, match="DDTREE verifies its trees only through the kdtree op") as info:
+        host.start(models["target"], env=env, **{**ddtree(models), **engine})
+    assert fix in str(info.value)
     host.new_log()
 
 

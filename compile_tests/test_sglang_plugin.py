@@ -84,7 +84,10 @@ def _spawned_load_plugins(queue) -> None:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         ddtree = SpeculativeAlgorithm.from_string("ddtree")
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
         queue.put({
+            "graph_spec_info_hooked": getattr(DecodeCudaGraphRunner.get_spec_info, "__wrapped__", None) is not None,
             "ddtree": [type(ddtree).__name__, ddtree.name, ddtree.is_speculative(), ddtree.is_dflash()],
             "registered": factory is not None,
             "factory": f"{factory.__module__}.{factory.__qualname__}" if factory else None,
@@ -93,7 +96,8 @@ def _spawned_load_plugins(queue) -> None:
             "hooked": hasattr(dflash_utils.resolve_dflash_verify_mask_policy, "__wrapped__"),
             "policy": {n: list(dflash_utils.resolve_dflash_verify_mask_policy(o)) for n, o in named.items()},
             "lazy": {m: m in sys.modules for m in ("kdtree_ops.sglang.backend", "kdtree_ops.ops",
-                                                   "kdtree_ops.sglang.ddtree_worker")},
+                                                   "kdtree_ops.sglang.ddtree_worker",
+                                                   "kdtree_ops.sglang.ddtree_spec_info")},
             "cached_build": bool(getattr(sys.modules.get("kdtree_ops.build"), "_loaded_library", None)),
             "register_src": inspect.getsourcefile(factory) if factory else None,
         })
@@ -127,9 +131,11 @@ def test_spawned_process_load_plugins_registers_kdtree():
     # register() is cheap: the backend module is not imported, and the ops library is loaded only where a finished
     # build for this machine was cached (import kdtree_ops: a dlopen, no compiling).
     assert result["lazy"] == {"kdtree_ops.sglang.backend": False, "kdtree_ops.ops": result["cached_build"],
-                              "kdtree_ops.sglang.ddtree_worker": False}
-    # --speculative-algorithm DDTREE comes from the same entry point (its worker imported only when built).
+                              "kdtree_ops.sglang.ddtree_worker": False, "kdtree_ops.sglang.ddtree_spec_info": False}
+    # --speculative-algorithm DDTREE comes from the same entry point (its worker imported only when built), and its
+    # decode graphs are captured with its spec info (the AFTER hook on DecodeCudaGraphRunner.get_spec_info).
     assert result["ddtree"] == ["DDTreeAlgorithm", "DDTREE", True, False]
+    assert result["graph_spec_info_hooked"]
 
 
 def test_launch_server_help_lists_kdtree():

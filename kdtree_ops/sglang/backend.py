@@ -27,6 +27,10 @@ A base without a TARGET_VERIFY path (torch_native) is fine while the op serves e
 `validate` or a layer the op cannot serve then fail when the backend is built (or at that layer's first call, for
 reasons only a call shows), naming the layers and the fix.
 
+DDTREE (`--speculative-algorithm DDTREE`) carries its trees only as the op's packed mask, which no base reads: the
+op serves every verify layer of a DDTREE target, and a mode, flag or layer that would hand one to the base fails
+when the backend is built (or at the call, for reasons only a call shows).
+
 A build of the ops library without CUDA kernels on a CUDA server is an error when the backend is built.
 
 Padding: under DP attention SGLang pads an eager verify batch's rows to a multiple of attn_tp_size after the
@@ -47,6 +51,7 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from .base import BASE_ENV, BASES_WITHOUT_TARGET_VERIFY, base_backend_name, build_base
+from .ddtree_algorithm import DDTREE_VERIFY_NEEDS_OP, is_ddtree
 from .delegation import BaseAttributes, forward_to_base
 from .routing import (
     MLA_SPLIT_INPUTS,
@@ -59,19 +64,9 @@ from .routing import (
     pool_note,
 )
 from .verify_metadata import GraphVerifyBuffers, VerifyStep, eager_verify_step, mask_words
+from .verify_mode import VERIFY_MODES, verify_mode_from_env  # noqa: F401  (VERIFY_MODES re-exported)
 
 logger = logging.getLogger(__name__)
-
-VERIFY_MODES = ("off", "validate", "on")
-
-
-def verify_mode_from_env() -> str:
-    """KDTREE_VERIFY = off | validate | on (default on); anything else is an error naming the variable."""
-    mode = os.environ.get("KDTREE_VERIFY", "on").strip().lower() or "on"
-    if mode not in VERIFY_MODES:
-        raise ValueError(f"KDTREE_VERIFY must be one of {'|'.join(VERIFY_MODES)}, got {mode!r}")
-    return mode
-
 
 def check_cuda_kernels(ops, device) -> None:
     """Raises when a CUDA server would get an ops library built without CUDA kernels (it would fail at capture)."""
@@ -125,6 +120,8 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         self._verifies = self.verify_mode != "off" and not getattr(model_runner, "is_draft_worker", False)
         spec_algorithm = getattr(model_runner, "spec_algorithm", None)
         self._speculative = spec_algorithm is not None and not spec_algorithm.is_none()
+        # DDTREE's verify input carries its tree only as the op's packed mask: the op must serve every verify layer.
+        self._ddtree = is_ddtree(spec_algorithm) and not getattr(model_runner, "is_draft_worker", False)
         self._base_verifies = self.base_name not in BASES_WITHOUT_TARGET_VERIFY
         from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 
@@ -144,6 +141,7 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         self.base_calls: dict[int, int] = {}  # layer id -> verify calls the base served
         self._log_every = max(1, int(os.environ.get("KDTREE_VERIFY_LOG_EVERY", "100")))
         self._check_base_verify(model_runner)
+        self._check_ddtree_verify(model_runner)
         _LIVE.append(weakref.ref(self))
         logger.info("%s", self.status_line())
 
@@ -156,13 +154,33 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         if self.verify_mode != "on":
             raise RuntimeError(f"kdtree attention backend: KDTREE_VERIFY={self.verify_mode} runs TARGET_VERIFY on "
                                f"the base backend, and {_no_verify_fix(self.base_name)}")
+        for reason, layers in self._layers_needing_base(model_runner).items():
+            raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layers {layer_ranges(layers)} needs the "
+                               f"base backend ({reason}), and {_no_verify_fix(self.base_name)}")
+
+    def _check_ddtree_verify(self, model_runner) -> None:
+        """At build time: fails when a verify layer of a DDTREE target would not run the op (its verify input has
+        no mask any other kernel reads). The launch refuses the flags (ddtree_algorithm.check_ddtree_verify_route);
+        this sees what only the loaded model shows, and the flags again for runners built without that check."""
+        if not self._ddtree:
+            return
+        if self.verify_mode != "on":
+            raise RuntimeError(f"kdtree attention backend: {DDTREE_VERIFY_NEEDS_OP}, and KDTREE_VERIFY="
+                               f"{self.verify_mode} runs TARGET_VERIFY on the base backend {self.base_name}. Fix: "
+                               f"unset KDTREE_VERIFY or set it to on")
+        for reason, layers in self._layers_needing_base(model_runner).items():
+            raise RuntimeError(f"kdtree attention backend: {DDTREE_VERIFY_NEEDS_OP}, and TARGET_VERIFY of layers "
+                               f"{layer_ranges(layers)} would run on {self.base_name} ({reason}). Fix: launch without "
+                               f"what causes it, or serve this model with a speculative algorithm whose verify "
+                               f"input carries a dense mask (EAGLE, NGRAM)")
+
+    def _layers_needing_base(self, model_runner) -> dict[str, set]:
+        """reason -> ids of the loaded model's layers whose verify the op cannot serve (none: {})."""
         needs_base: dict[str, set] = {}
         for layer_id, reasons in self._model_layer_reasons(model_runner).items():
             if all(reasons):  # no module of this layer can be served (MLA has an MHA twin that never verifies)
                 needs_base.setdefault(reasons[0], set()).add(layer_id)
-        for reason, layers in needs_base.items():
-            raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layers {layer_ranges(layers)} needs the "
-                               f"base backend ({reason}), and {_no_verify_fix(self.base_name)}")
+        return needs_base
 
     def _model_layer_reasons(self, model_runner) -> dict[int, list]:
         """layer id -> the route of each RadixAttention module of the loaded model with that id."""
@@ -228,8 +246,12 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         return n if n > 0 else self._capture_width
 
     def _base_prepares(self, forward_batch) -> bool:
-        """Whether the base prepares this batch: everything but verify batches of a base without verify."""
-        return self._base_verifies or not forward_batch.forward_mode.is_target_verify()
+        """Whether the base prepares this batch: every batch but the verify batches it never serves — those of a base
+        without verify, and DDTREE's (the op serves every verify layer, and a base's verify metadata cannot be built
+        from DDTREE's verify input: FlashInfer's, flashinfer_mla's and aiter's ask it for a dense mask)."""
+        if not forward_batch.forward_mode.is_target_verify():
+            return True
+        return self._base_verifies and not self._ddtree
 
     def init_forward_metadata(self, forward_batch):
         if self._base_prepares(forward_batch):
@@ -310,6 +332,9 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         else:
             reason = self._route(q, layer, forward_batch, kwargs)
         if reason or self.verify_mode == "validate":
+            if self._ddtree:  # validate is refused when the backend is built; a reason only a call shows lands here
+                raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layer {layer.layer_id} cannot run the "
+                                   f"op ({reason}), and {DDTREE_VERIFY_NEEDS_OP}")
             if not self._base_verifies:
                 raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layer {layer.layer_id} needs the base "
                                    f"backend ({reason or 'KDTREE_VERIFY=validate'}), and "

@@ -12,7 +12,13 @@ returning the worker class (imported only when a scheduler builds the worker) an
   its own message; the server goes on);
 - overlap scheduling is turned off (the worker runs synchronously, as SGLang runs NGRAM on the CPU), and so is
   mixed chunked prefill (the round must see decode batches alone); EAGLE's step and top-k fields are set to 1 so
-  SGLang's per-decode KV reservation is exactly N slots per request.
+  SGLang's per-decode KV reservation is exactly N slots per request;
+- every TARGET_VERIFY layer must run the kdtree op (`check_ddtree_verify_route`): DDTREE's verify input carries
+  each tree only as the op's packed mask (a dense mask is not built: budgets reach 1023 tokens over long contexts),
+  so any other kernel would attend causally over the flattened tree and return wrong tokens. Refused at launch:
+  a verify backend other than kdtree, `KDTREE_VERIFY=off|validate` (the base's output), and
+  `--enable-deterministic-inference` (the base's kernels); what only the loaded model shows (a layer the op cannot
+  serve) is refused when the kdtree backend is built (backend.py).
 """
 
 from __future__ import annotations
@@ -68,6 +74,51 @@ def resolve_ddtree_server_args(server_args) -> None:
     server_args.grammar_backend = "none"
 
 
+DDTREE_VERIFY_NEEDS_OP = (
+    "DDTREE verifies its trees only through the kdtree op: its verify input carries each tree as the op's packed mask "
+    "and no dense mask, so any other attention kernel would attend causally over the flattened tree and return "
+    "wrong tokens")
+
+
+def is_ddtree(spec_algorithm) -> bool:
+    """Whether a runner's speculative algorithm (SGLang's enum member or a plugin's CustomSpecAlgo) is DDTREE."""
+    return getattr(spec_algorithm, "name", None) == ALGORITHM_NAME
+
+
+def ddtree_verify_refusals(server_args) -> list[str]:
+    """Why a TARGET_VERIFY layer of this launch would not run the kdtree op, each with its fix (empty: it would)."""
+    from sglang.srt.arg_groups.model_override_base import attention_backends_of
+
+    from .plugin import BACKEND_NAME
+    from .verify_mode import verify_mode_from_env
+
+    reasons = []
+    prefill, decode = attention_backends_of(server_args)
+    on_decode = getattr(server_args, "speculative_attention_mode", None) == "decode"
+    verify_backend = decode if on_decode and prefill != decode else prefill
+    if verify_backend != BACKEND_NAME:
+        reasons.append(f"TARGET_VERIFY runs on the attention backend {verify_backend or 'SGLang picks'!r} "
+                       f"(--attention-backend {getattr(server_args, 'attention_backend', None)}, prefill "
+                       f"{prefill}, decode {decode}, --speculative-attention-mode "
+                       f"{getattr(server_args, 'speculative_attention_mode', None)}); fix: launch with "
+                       f"--attention-backend {BACKEND_NAME} (KDTREE_BASE_BACKEND names the backend of everything else)")
+    mode = verify_mode_from_env()
+    if mode != "on":
+        reasons.append(f"KDTREE_VERIFY={mode} runs TARGET_VERIFY on the base backend (and returns its output); fix: "
+                       f"unset KDTREE_VERIFY or set it to on")
+    if getattr(server_args, "enable_deterministic_inference", False):
+        reasons.append("--enable-deterministic-inference runs every verify layer on the base backend (the op is not "
+                       "batch-invariant); fix: launch without it")
+    return reasons
+
+
+def check_ddtree_verify_route(server_args) -> None:
+    """Raises, naming each cause and its fix, when a TARGET_VERIFY layer of a DDTREE launch would not run the op."""
+    reasons = ddtree_verify_refusals(server_args)
+    if reasons:
+        raise ValueError(f"{DDTREE_VERIFY_NEEDS_OP}; here " + "; ".join(reasons))
+
+
 def _ddtree_worker_class(server_args):
     from .ddtree_worker import DDTreeWorker
 
@@ -88,6 +139,7 @@ def register_ddtree_algorithm() -> bool:
 
         def handle_server_args(self, server_args) -> None:
             resolve_ddtree_server_args(server_args)
+            check_ddtree_verify_route(server_args)
 
         def carries_draft_hidden_states(self) -> bool:
             return False  # no EAGLE hidden states cross a disaggregation boundary

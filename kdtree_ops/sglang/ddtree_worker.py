@@ -38,11 +38,11 @@ import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.ngram_info import NgramVerifyInput
 
 from .. import ddtree
 from ..ddtree.sampling import SamplingParams
 from .ddtree_algorithm import ddtree_topk
+from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
 from .verify_metadata import fill_prefix_slots
 
@@ -93,31 +93,6 @@ class PhaseClock:
         if self.enabled:
             out.update(drafts_accepted=self.drafts_accepted, seconds=dict(self.seconds))
         return out
-
-
-class DDTreeVerifyInput(NgramVerifyInput):
-    """The verify forward's spec info (a tree verify, NGRAM's input type) with the op's packed mask."""
-
-    def __init__(self, tree_tokens: torch.Tensor, positions: torch.Tensor, packed_tree_mask: torch.Tensor):
-        super().__init__(draft_token=tree_tokens.reshape(-1), custom_mask=None, positions=positions,
-                         draft_token_num=tree_tokens.shape[1], new_seq_lens=positions)
-        self.packed_tree_mask = packed_tree_mask
-
-
-class DDTreeCarry(NgramVerifyInput):
-    """What one round hands the next (the running batch's spec info): each request's bonus token."""
-
-    def __init__(self, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor, draft_token_num: int):
-        super().__init__(draft_token_num=draft_token_num, new_seq_lens=new_seq_lens)
-        self.bonus_tokens = bonus_tokens
-
-    def filter_batch(self, new_indices: torch.Tensor, new_indices_cpu=None):
-        self.bonus_tokens = self.bonus_tokens[new_indices]
-        self.new_seq_lens = self.new_seq_lens[new_indices]
-
-    def merge_batch(self, spec_info: "DDTreeCarry"):
-        self.bonus_tokens = torch.cat([self.bonus_tokens, spec_info.bonus_tokens])
-        self.new_seq_lens = torch.cat([self.new_seq_lens, spec_info.new_seq_lens])
 
 
 def request_seed(req) -> int:

@@ -23,6 +23,11 @@ pyproject.toml. `register()`:
 - registers one HookRegistry AFTER hook on `configure_logger`: SGLang loads plugins before it configures
   logging, so an INFO line logged by `register()` itself would be lost; the hook logs the success line once
   per process, as soon as SGLang's logging is set up (at once if logging was configured before);
+- registers one HookRegistry AFTER hook on `DecodeCudaGraphRunner.get_spec_info`: it builds the spec info a decode
+  graph is captured with for EAGLE, DFLASH and NGRAM only, so a plugin algorithm's graphs were captured with none
+  and hidden mode NULL, and every replay of a verify that asks for FULL hidden states failed SGLang's check. For a
+  DDTREE target the hook answers DDTREE's capture spec info (ddtree_spec_info.DDTreeVerifyInput.for_capture:
+  hidden mode FULL, a packed mask of the capture's shape); other runners keep SGLang's answer;
 - registers one HookRegistry AFTER hook on the scheduler's `get_internal_state`: the answer gains `kdtree`, the
   status of each kdtree backend of that scheduler process (base, mode, verify steps, op and base calls per
   layer, fall-backs, validate statistics) and `ddtree`, the stats of each DDTREE worker (rounds; with
@@ -46,6 +51,8 @@ BACKEND_NAME = "kdtree"
 BACKEND_CLASS_NAME = "KDTreeAttnBackend"
 DFLASH_POLICY_TARGET = "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy"
 CONFIGURE_LOGGER_TARGET = "sglang.srt.utils.common.configure_logger"
+DECODE_GRAPH_SPEC_INFO_TARGET = ("sglang.srt.model_executor.runner.decode_cuda_graph_runner."
+                                 "DecodeCudaGraphRunner.get_spec_info")
 INTERNAL_STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
                          "SchedulerInternalStateController.get_internal_state")
 STATE_KEY = "kdtree"
@@ -96,6 +103,22 @@ def dflash_verify_mask_policy_hook(result, attn_backend=None, *args, **kwargs):
     from sglang.srt.speculative import dflash_utils
 
     return name, dflash_utils.resolve_dflash_verify_mask_policy(kdtree.base)[1]
+
+
+def ddtree_capture_spec_info_hook(result, runner=None, num_tokens=None, *args, **kwargs):
+    """AFTER hook on `DecodeCudaGraphRunner.get_spec_info(self, num_tokens)`: DDTREE's capture spec info for a DDTREE
+    target's runner (SGLang's answer there is None); None (SGLang's answer kept) for every other runner."""
+    num_tokens = kwargs.get("num_tokens", num_tokens)
+    model_runner = getattr(runner, "model_runner", None)
+    if result is not None or model_runner is None or getattr(model_runner, "is_draft_worker", False):
+        return None
+    from .ddtree_algorithm import is_ddtree
+
+    if not is_ddtree(getattr(model_runner, "spec_algorithm", None)):
+        return None
+    from .ddtree_spec_info import DDTreeVerifyInput
+
+    return DDTreeVerifyInput.for_capture(int(num_tokens), int(runner.captured_req_width), model_runner.device)
 
 
 def internal_state_hook(result, *args, **kwargs):
@@ -154,6 +177,7 @@ def register() -> None:
         HookRegistry.register(DFLASH_POLICY_TARGET, dflash_verify_mask_policy_hook, HookType.AFTER)
         HookRegistry.register(CONFIGURE_LOGGER_TARGET, log_status_once, HookType.AFTER)
         HookRegistry.register(INTERNAL_STATE_TARGET, internal_state_hook, HookType.AFTER)
+        HookRegistry.register(DECODE_GRAPH_SPEC_INFO_TARGET, ddtree_capture_spec_info_hook, HookType.AFTER)
     except Exception as exc:
         # All or nothing: a CLI choice without its factory would fail later, far from the cause.
         for undo in reversed(added):
