@@ -201,12 +201,14 @@ for part in "${parts[@]}"; do
     ;;
   engine)
     # The Engine finds kdtree's backend and DDTREE through the package's entry point, so the checkout is installed
-    # (editable, no dependencies; the machine has no registry: hatchling comes as wheels in KDTREE_HATCHLING_WHEELS).
+    # (no dependencies; the checkout stays first on the engines' PYTHONPATH, so the installed copy only lends its
+    # entry point; the machine has no registry: hatchling and its needs come as wheels in KDTREE_HATCHLING_WHEELS).
     if ! $py -c "import importlib.metadata as m; m.distribution('kdtree-ops')" 2>/dev/null; then
       mkdir -p /tmp/hatch && $py -m pip install -q --no-index --no-deps --target /tmp/hatch \
-        "${KDTREE_HATCHLING_WHEELS:-.whl}"/*.whl && PYTHONPATH=/tmp/hatch:$PYTHONPATH $py -m pip install -q \
-        --no-index --no-deps --no-build-isolation -e . > "$out/install.log" 2>&1 || echo "install of kdtree-ops failed"
+        "${KDTREE_HATCHLING_WHEELS:-.whl}"/*.whl && PYTHONPATH=/tmp/hatch $py -m pip install -q \
+        --no-index --no-deps --no-build-isolation . > "$out/install.log" 2>&1 || echo "install of kdtree-ops failed"
     fi
+    $py -c "import importlib.metadata as m; print([e.value for e in m.entry_points(group='sglang.srt.plugins')])"
     # The library builds in the background while the first (non-kdtree) engines run; a kdtree engine's scheduler
     # waits on the build's lock (kdtree_ops/build.py) if it is not done yet. The models run side by side, each in
     # its own suite process (its own engines; the GPU holds them all): their tokens/s are not a benchmark.
@@ -216,7 +218,7 @@ for part in "${parts[@]}"; do
     models=${KDTREE_ENGINE_MODELS:-tiny,mla,llama8b}
     stage engine engines "$(( budget - 60 ))" 0 bash -c "cd compile_tests && for m in ${models//,/ }; do \
       $py -m sglang_gpu.engine_suite --out '$out/engine/'\$m --models \$m --only '${KDTREE_ENGINE_ONLY:-}' \
-      --budget-s $(( budget - 150 )) > '$out/engine/'\$m.out 2>&1 & done; wait; \
+      --budget-s ${KDTREE_ENGINE_START_S:-$(( budget - 150 ))} > '$out/engine/'\$m.out 2>&1 & done; wait; \
       tail -n 30 '$out/engine/'*.out; $py -m sglang_gpu.engine_report '$out/engine'"
     ;;
   esac

@@ -213,11 +213,11 @@ def run_model(model: str, args, out: Path, start: float) -> None:
                 continue
             if args.platform == "gpu":
                 engine = dict(engine, **paths.get("engine", {}))
-            if host.proc.poll() is not None:  # a crashed engine can take its driver down: start another
-                host.close()
-                host = new_host()
             record = run_config(host, paths["target"], name, engine, env, sampled, batch, reference)
             record["model"] = model
+            if not record.get("ok"):  # a crashed engine can take its driver down (SGLang kills its parent)
+                host.close()
+                host = new_host()
             _write(results, record)
             if name == "none":
                 if not record.get("ok"):
