@@ -2,8 +2,9 @@
 # The GPU suite: the one command that produces the committed GPU results (examples/results/).
 #
 #   . gpu/setup.sh && bash examples/gpu_suite.sh RESULTS_DIR [PART ...]
+#   . gpu-engine/setup.sh compile_tests/sglang_gpu/stand_in --no-jit && bash examples/gpu_suite.sh RESULTS_DIR engine
 #
-# Run from the repository root on the GPU machine. The parts (default: all three, in this order):
+# Run from the repository root on the GPU machine. The parts (default: the first three, in this order):
 #   native    build the library (JIT, this GPU's arch, with its time); pytest -m cuda over compile_tests (CUDA
 #             numerics incl. fp8 caches, CUDA graphs, reduce-overhead, opcheck, the DDTree ops and loop, the
 #             has-kernel answer and the gate), then the bad-input cases (each in a process of its own, forked from a
@@ -16,6 +17,10 @@
 #             emulated class (and from the 99 KB class's run an estimate for the RTX PRO 6000), bench --ddtree, and
 #             the gather probe (examples/gather_probe.cu, Hopper). Run it first where a call holds one part: it is the
 #             only part no test replaces
+#   engine    real sglang.Engines, CUDA graphs on, bf16, through kdtree over the triton base (compile_tests/sglang_gpu/
+#             engine_suite.py): no speculation, NGRAM, EAGLE topk 4, DFLASH, DDTREE at budgets 16-1023, torch.compile,
+#             seeded sampling, per model (KDTREE_ENGINE_MODELS, default tiny,mla,llama8b; KDTREE_ENGINE_ONLY: a regex
+#             of model/config names). Needs the engine bundle (shared/gpu-engine) instead of shared/gpu: a call of its own
 # Each part writes RESULTS_DIR/<part>/ and appends its stages to RESULTS_DIR/stages.tsv; every run rebuilds
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
 # call of 10 minutes does not hold all three) into one results folder. KDTREE_OPS_UNVERIFIED=1 is set: the suite is
@@ -25,12 +30,12 @@
 # KDTREE_SUITE_TESTS names the test files of native/tests (default: compile_tests).
 set -u -o pipefail
 
-out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench]}
+out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench] [engine]}
 shift
 parts=("$@")
 (( ${#parts[@]} )) || parts=(native emulated bench)
 for part in "${parts[@]}"; do
-  case $part in native|emulated|bench) ;; *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;; esac
+  case $part in native|emulated|bench|engine) ;; *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;; esac
 done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -113,7 +118,7 @@ print("torch:", torch.__version__, "cuda", torch.version.cuda)
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"device: {p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB)")
-for mod in ("triton", "sglang"):
+for mod in ("triton", "sglang", "transformers"):
     try:
         print(f"{mod}:", __import__(mod).__version__)
     except Exception as e:
@@ -193,6 +198,28 @@ for part in "${parts[@]}"; do
         -o '$probe_dir/gather_probe' && '$probe_dir/gather_probe'"
       rm -rf "$probe_dir"
     fi
+    ;;
+  engine)
+    # The Engine finds kdtree's backend and DDTREE through the package's entry point, so the checkout is installed
+    # (no dependencies; the checkout stays first on the engines' PYTHONPATH, so the installed copy only lends its
+    # entry point; the machine has no registry: hatchling and its needs come as wheels in KDTREE_HATCHLING_WHEELS).
+    if ! $py -c "import importlib.metadata as m; m.distribution('kdtree-ops')" 2>/dev/null; then
+      mkdir -p /tmp/hatch && $py -m pip install -q --no-index --no-deps --target /tmp/hatch \
+        "${KDTREE_HATCHLING_WHEELS:-.whl}"/*.whl && PYTHONPATH=/tmp/hatch $py -m pip install -q \
+        --no-index --no-deps --no-build-isolation . > "$out/install.log" 2>&1 || echo "install of kdtree-ops failed"
+    fi
+    $py -c "import importlib.metadata as m; print([e.value for e in m.entry_points(group='sglang.srt.plugins')])"
+    # The library builds in the background while the first (non-kdtree) engines run; a kdtree engine's scheduler
+    # waits on the build's lock (kdtree_ops/build.py) if it is not done yet. The models run side by side, each in
+    # its own suite process (its own engines; the GPU holds them all): their tokens/s are not a benchmark.
+    mkdir -p "$out/engine"
+    ( t=$(date +%s); $py -c "import kdtree_ops.ops" > "$out/engine/build.log" 2>&1; \
+      echo "build+load: $(( $(date +%s) - t )) s (exit $?)" >> "$out/engine/build.log" ) &
+    models=${KDTREE_ENGINE_MODELS:-tiny,mla,llama8b}
+    stage engine engines "$(( budget - 60 ))" 0 bash -c "cd compile_tests && for m in ${models//,/ }; do \
+      $py -m sglang_gpu.engine_suite --out '$out/engine/'\$m --models \$m --only '${KDTREE_ENGINE_ONLY:-}' \
+      --budget-s ${KDTREE_ENGINE_START_S:-$(( budget - 150 ))} > '$out/engine/'\$m.out 2>&1 & done; wait; \
+      tail -n 30 '$out/engine/'*.out; $py -m sglang_gpu.engine_report '$out/engine'"
     ;;
   esac
 done

@@ -18,15 +18,27 @@ class EngineError(RuntimeError):
     pass
 
 
+# Engine settings per platform: the CPU engine's tests run float32 without graphs; the GPU's what users run.
+PLATFORM_SETTINGS = {
+    "cpu": dict(device="cpu", dtype="float32", mem_fraction_static=0.5, max_total_tokens=4096,
+                disable_cuda_graph=True),
+    "gpu": dict(device="cuda", dtype="bfloat16", mem_fraction_static=0.5, disable_cuda_graph=False),
+}
+
+
 class EngineHost:
     """One driver process; `start(...)` replaces its Engine. SGLang's log goes to `log_path`."""
 
-    def __init__(self):
-        self.log_path = Path(tempfile.mkstemp(prefix="kdtree_engine_", suffix=".log")[1])
+    def __init__(self, platform: str = "cpu", log_path: Path | None = None, reply_timeout_s: int = REPLY_TIMEOUT_S):
+        self.platform = platform
+        self.reply_timeout_s = reply_timeout_s
+        if log_path is None:
+            log_path = Path(tempfile.mkstemp(prefix="kdtree_engine_", suffix=".log")[1])
+        self.log_path = Path(log_path)
         self._log = open(self.log_path, "w")
         self.proc = subprocess.Popen([sys.executable, "-m", "sglang_cpu.engine_driver"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._log, text=True, env=driver_env(),
-                                     cwd=str(Path(__file__).resolve().parents[1]))
+                                     stdout=subprocess.PIPE, stderr=self._log, text=True,
+                                     env=driver_env(platform=platform), cwd=str(Path(__file__).resolve().parents[1]))
         self._log_offset = 0
 
     def log_tail(self, chars: int = 6000) -> str:
@@ -47,8 +59,8 @@ class EngineHost:
         self.proc.stdin.flush()
         with selectors.DefaultSelector() as sel:
             sel.register(self.proc.stdout, selectors.EVENT_READ)
-            if not sel.select(REPLY_TIMEOUT_S):
-                raise EngineError(f"no reply to {cmd!r} in {REPLY_TIMEOUT_S} s; the log:\n{self.log_tail()}")
+            if not sel.select(self.reply_timeout_s):
+                raise EngineError(f"no reply to {cmd!r} in {self.reply_timeout_s} s; the log:\n{self.log_tail()}")
         line = self.proc.stdout.readline()
         if not line:
             raise EngineError(f"the engine driver died during {cmd!r}; its log:\n{self.log_tail()}")
@@ -58,8 +70,7 @@ class EngineHost:
         return reply
 
     def start(self, model_path: str, env: dict | None = None, **engine) -> None:
-        settings = dict(model_path=model_path, device="cpu", dtype="float32", mem_fraction_static=0.5,
-                        max_total_tokens=4096, disable_cuda_graph=True, log_level="info", random_seed=0)
+        settings = dict(model_path=model_path, log_level="info", random_seed=0, **PLATFORM_SETTINGS[self.platform])
         settings.update(engine)
         self.request("start", engine=settings, env=env or {})
 

@@ -113,7 +113,14 @@ def ddtree_verify_refusals(server_args) -> list[str]:
 
 
 def check_ddtree_verify_route(server_args) -> None:
-    """Raises, naming each cause and its fix, when a TARGET_VERIFY layer of a DDTREE launch would not run the op."""
+    """Raises, naming each cause and its fix, when a TARGET_VERIFY layer of a DDTREE launch would not run the op.
+
+    Not on kdtree's scratch resolution of SGLang's default base (base.sglang_default_backend): its backend fields are
+    unset on purpose, and the launch it serves was checked already."""
+    from .base import in_scratch_resolution
+
+    if in_scratch_resolution():
+        return
     reasons = ddtree_verify_refusals(server_args)
     if reasons:
         raise ValueError(f"{DDTREE_VERIFY_NEEDS_OP}; here " + "; ".join(reasons))

@@ -1,0 +1,88 @@
+"""summary.md of an engine-suite results folder (sglang_gpu/engine_suite.py's results.jsonl, in the folder or in
+its subfolders, one per model where the models ran side by side).
+
+    python -m sglang_gpu.engine_report DIR     # writes DIR/summary.md; exit 1 if a configuration failed
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+
+def load(out: Path) -> list:
+    paths = sorted(Path(out).glob("results.jsonl")) + sorted(Path(out).glob("*/results.jsonl"))
+    return [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+
+
+def _op_counts(record: dict) -> str:
+    """Verify steps, op calls at capture/eager, and the device-side count of op calls (replays included)."""
+    parts = []
+    for state in record.get("kdtree") or []:
+        if state.get("verify_steps") is None:
+            continue
+        op = sum(state.get("op_calls", {}).values())
+        base = sum(state.get("base_calls", {}).values())
+        device = (state.get("device_count") or {}).get("calls")
+        parts.append(f"{state['verify_steps']} steps, op {op}" + (f", base {base}" if base else "")
+                     + (f", device {device}" if device is not None else ""))
+    return "; ".join(parts)
+
+
+def merged(out: Path) -> list:
+    """One record per (model, configuration): the run's line with its scoring line's greedy check folded in."""
+    records, checks = [], {}
+    for line in load(out):
+        if "greedy_check" in line:
+            checks[(line["model"], line["config"])] = line["greedy_check"]
+        else:
+            records.append(line)
+    for r in records:
+        if (r.get("model"), r.get("config")) in checks:
+            r["greedy_check"] = checks[(r["model"], r["config"])]
+    return records
+
+
+def verdict(record: dict) -> str:
+    """FAILED (did not run), WRONG (a token failed the greedy check), ok (checked), ran (nothing to check)."""
+    if not record.get("ok"):
+        return "FAILED"
+    check = record.get("greedy_check")
+    if check is not None:
+        return "WRONG" if check["num_violations"] else "ok"
+    return "reference" if record["config"] == "none" else "ran"
+
+
+def failures(out: Path) -> list:
+    return [r for r in merged(out) if verdict(r) in ("FAILED", "WRONG")]
+
+
+def _equal(record: dict) -> str:
+    cmp = record.get("compare")
+    if cmp is None:
+        return ""
+    if cmp["equal"]:
+        return "equal"
+    return "first difference at " + ", ".join(f"{d['position']} (margin {d['ref_margin']})" for d in cmp["differences"])
+
+
+def write_summary(out: Path) -> str:
+    lines = ["| model | configuration | verdict | greedy check | vs no speculation | tokens/verify | tok/s | startup s "
+             "| verify (kdtree) | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in merged(out):
+        g = r.get("greedy_check")
+        check = f"{g['checked']} tokens, {g['near_ties_taken']} near-ties, {g['num_violations']} wrong" if g else ""
+        error = (r.get("error") or "").strip().splitlines()[-1][:160] if r.get("error") else ""
+        lines.append(f"| {r.get('model')} | {r['config']} | {verdict(r)} | {check} | {_equal(r)} | "
+                     f"{r.get('tokens_per_verify') or ''} | {r.get('tokens_per_s') or ''} | {r.get('startup_s') or ''} | "
+                     f"{_op_counts(r)} | {error.replace('|', '/')} |")
+    text = "\n".join(lines) + "\n"
+    (Path(out) / "summary.md").write_text(text)
+    return text
+
+
+if __name__ == "__main__":
+    folder = Path(sys.argv[1])
+    print(write_summary(folder))
+    sys.exit(1 if failures(folder) else 0)

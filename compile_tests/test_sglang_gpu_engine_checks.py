@@ -1,0 +1,49 @@
+"""The GPU engine suite's verdicts (sglang_gpu/engine_suite.py, engine_report.py) on literal replies: a wrong token
+fails, a near-tie taken passes and is counted, a failed configuration fails the run."""
+
+from __future__ import annotations
+
+import json
+
+from sglang_gpu.engine_report import failures, verdict, write_summary
+from sglang_gpu.engine_suite import NEAR_TIE, first_differences, greedy_check
+
+
+def _scored(tops: list) -> dict:
+    """A scoring reply: the start token's empty entry, then (top-1, top-2) per output token."""
+    return {"meta_info": {"input_top_logprobs": [None] + [[(a, ia, None), (b, ib, None)] for a, ia, b, ib in tops]}}
+
+
+def test_greedy_check_flags_a_wrong_token_and_counts_near_ties():
+    reply = _scored([(-0.1, 7, -3.0, 8), (-0.5, 9, -0.5 - NEAR_TIE / 2, 4), (-0.2, 5, -2.0, 6)])
+    assert greedy_check([[1, 2]], [[7, 9, 5]], [reply])["num_violations"] == 0
+    near = greedy_check([[1, 2]], [[7, 4, 5]], [reply])
+    assert near["near_ties_taken"] == 1 and near["num_violations"] == 0
+    wrong = greedy_check([[1, 2]], [[8, 9, 5]], [reply])  # top-2, but 2.9 nats below the greedy token
+    assert wrong["num_violations"] == 1 and wrong["violations"][0] == {"request": 0, "position": 0, "token": 8,
+                                                                     "greedy": 7, "margin": 2.9}
+    assert greedy_check([[1]], [[7, 9, 6]], [reply])["num_violations"] == 1  # not even in the top 2
+
+
+def test_first_differences_reports_the_reference_margin():
+    assert first_differences([[1, 2, 3]], [[1, 2, 3]], [[1.0, 1.0, 1.0]]) == {"equal": True, "differences": []}
+    d = first_differences([[1, 2, 3], [4, 5]], [[1, 9, 3], [4, 5]], [[1.0, 0.01, 1.0], [1.0, 1.0]])
+    assert d == {"equal": False, "differences": [{"request": 0, "position": 1, "ref_margin": 0.01}]}
+
+
+def test_report_verdicts(tmp_path):
+    lines = [{"model": "m", "config": "none", "ok": True},
+             {"model": "m", "config": "ddtree64", "ok": True, "compare": {"equal": True, "differences": []}},
+             {"model": "m", "config": "eagle", "ok": True},
+             {"model": "m", "config": "dflash", "ok": False, "error": "EngineError: boom"},
+             {"model": "m", "config": "ddtree64", "greedy_check": {"checked": 3, "near_ties_taken": 0,
+                                                                    "num_violations": 0, "violations": []}},
+             {"model": "m", "config": "eagle", "greedy_check": {"checked": 3, "near_ties_taken": 0,
+                                                                 "num_violations": 1, "violations": []}}]
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "results.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    assert sorted(r["config"] for r in failures(tmp_path)) == ["dflash", "eagle"]
+    assert verdict({"config": "none", "ok": True}) == "reference"
+    summary = write_summary(tmp_path)
+    assert "| m | ddtree64 | ok | 3 tokens, 0 near-ties, 0 wrong | equal |" in summary
+    assert "| m | eagle | WRONG |" in summary and "| m | dflash | FAILED |" in summary
