@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from sglang_gpu.engine_report import failures, verdict, write_summary
+from sglang_gpu.engine_report import failures, replay_proof, verdict, write_summary
 from sglang_gpu.engine_suite import NEAR_TIE, first_differences, greedy_check
 
 
@@ -47,3 +47,18 @@ def test_report_verdicts(tmp_path):
     summary = write_summary(tmp_path)
     assert "| m | ddtree64 | ok | 3 tokens, 0 near-ties, 0 wrong | equal |" in summary
     assert "| m | eagle | WRONG |" in summary and "| m | dflash | FAILED |" in summary
+
+
+def test_replay_proof_reads_the_device_count_per_layer():
+    # status() of two kdtree backends (target and draft): Python saw 2 op calls a layer (warm-up, capture), the
+    # device counted 7 (five replays ran the op)
+    states = [{"verify_steps": 5, "op_calls": {"0": 2, "1": 2}, "device_op_calls": {"0": 7, "1": 7},
+               "device_non_finite": 0}, {"verify_steps": None}]
+    record = {"config": "ddtree64", "ok": True, "kdtree": states,
+              "greedy_check": {"checked": 3, "near_ties_taken": 0, "num_violations": 0, "violations": []}}
+    assert replay_proof(record) == "replayed" and verdict(record) == "ok"
+    eager = dict(record, kdtree=[dict(states[0], device_op_calls={"0": 2, "1": 2})])
+    assert replay_proof(eager) == "no replay"
+    poisoned = dict(record, kdtree=[dict(states[0], device_non_finite=3)])
+    assert replay_proof(poisoned) == "NON-FINITE rows 3" and verdict(poisoned) == "WRONG"
+    assert replay_proof({"config": "none", "ok": True}) == ""

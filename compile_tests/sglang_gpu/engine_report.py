@@ -16,6 +16,28 @@ def load(out: Path) -> list:
     return [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
 
 
+def _device_counts(record: dict) -> tuple:
+    """(op calls seen from Python — eager and capture —, op calls counted on the device — replays too —, non-finite
+    verify rows) summed over the kdtree backends of the run (KDTREE_VERIFY_COUNT=1)."""
+    op = device = non_finite = 0
+    for state in record.get("kdtree") or []:
+        op += sum(state.get("op_calls", {}).values())
+        device += sum(state.get("device_op_calls", {}).values())
+        non_finite += state.get("device_non_finite", 0)
+    return op, device, non_finite
+
+
+def replay_proof(record: dict) -> str:
+    """'replayed' when the device counted more op calls than Python made (the rest ran inside replayed graphs) and
+    every verify row was finite; '' where the run verified nothing through kdtree."""
+    op, device, non_finite = _device_counts(record)
+    if not device:
+        return ""
+    if non_finite:
+        return f"NON-FINITE rows {non_finite}"
+    return "replayed" if device > op else "no replay"
+
+
 def _op_counts(record: dict) -> str:
     """Verify steps, op calls at capture/eager, and the device-side count of op calls (replays included)."""
     parts = []
@@ -24,9 +46,9 @@ def _op_counts(record: dict) -> str:
             continue
         op = sum(state.get("op_calls", {}).values())
         base = sum(state.get("base_calls", {}).values())
-        device = (state.get("device_count") or {}).get("calls")
+        device = sum(state.get("device_op_calls", {}).values())
         parts.append(f"{state['verify_steps']} steps, op {op}" + (f", base {base}" if base else "")
-                     + (f", device {device}" if device is not None else ""))
+                     + (f", device {device}" if device else ""))
     return "; ".join(parts)
 
 
@@ -49,6 +71,8 @@ def verdict(record: dict) -> str:
     if not record.get("ok"):
         return "FAILED"
     check = record.get("greedy_check")
+    if _device_counts(record)[2]:
+        return "WRONG"  # a verify row went non-finite
     if check is not None:
         return "WRONG" if check["num_violations"] else "ok"
     return "reference" if record["config"] == "none" else "ran"
@@ -69,14 +93,14 @@ def _equal(record: dict) -> str:
 
 def write_summary(out: Path) -> str:
     lines = ["| model | configuration | verdict | greedy check | vs no speculation | tokens/verify | tok/s | startup s "
-             "| verify (kdtree) | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| verify (kdtree) | op in replays | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in merged(out):
         g = r.get("greedy_check")
         check = f"{g['checked']} tokens, {g['near_ties_taken']} near-ties, {g['num_violations']} wrong" if g else ""
         error = (r.get("error") or "").strip().splitlines()[-1][:160] if r.get("error") else ""
         lines.append(f"| {r.get('model')} | {r['config']} | {verdict(r)} | {check} | {_equal(r)} | "
                      f"{r.get('tokens_per_verify') or ''} | {r.get('tokens_per_s') or ''} | {r.get('startup_s') or ''} | "
-                     f"{_op_counts(r)} | {error.replace('|', '/')} |")
+                     f"{_op_counts(r)} | {replay_proof(r)} | {error.replace('|', '/')} |")
     text = "\n".join(lines) + "\n"
     (Path(out) / "summary.md").write_text(text)
     return text
