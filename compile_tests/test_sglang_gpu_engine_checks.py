@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from sglang_gpu.engine_report import failures, replay_proof, verdict, write_summary
+from sglang_gpu.engine_report import failures, merged, replay_proof, verdict, write_summary
 from sglang_gpu.engine_suite import NEAR_TIE, first_differences, greedy_check
 
 
@@ -62,3 +62,15 @@ def test_replay_proof_reads_the_device_count_per_layer():
     poisoned = dict(record, kdtree=[dict(states[0], device_non_finite=3)])
     assert replay_proof(poisoned) == "NON-FINITE rows 3" and verdict(poisoned) == "WRONG"
     assert replay_proof({"config": "none", "ok": True}) == ""
+
+
+def test_a_greedy_check_belongs_to_its_own_run(tmp_path):
+    # one call ran ddtree16 and stopped before scoring it; a later call ran and scored it again
+    check = {"checked": 3, "near_ties_taken": 0, "num_violations": 0, "violations": []}
+    first = [{"model": "m", "config": "none", "ok": True}, {"model": "m", "config": "ddtree16", "ok": True}]
+    second = first + [{"model": "m", "config": "ddtree16", "greedy_check": check}]
+    for name, lines in (("call1", first), ("call2", second)):
+        (tmp_path / name / "m").mkdir(parents=True)
+        (tmp_path / name / "m" / "results.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
+    verdicts = [verdict(r) for r in merged(tmp_path) if r["config"] == "ddtree16"]
+    assert verdicts == ["ran", "ok"]

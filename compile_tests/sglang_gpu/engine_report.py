@@ -1,5 +1,5 @@
-"""summary.md of an engine-suite results folder (sglang_gpu/engine_suite.py's results.jsonl, in the folder or in
-its subfolders, one per model where the models ran side by side).
+"""summary.md of an engine-suite results folder (sglang_gpu/engine_suite.py's results.jsonl, in the folder or below
+it: one per model where the models ran side by side, one folder per call where several calls make up a result).
 
     python -m sglang_gpu.engine_report DIR     # writes DIR/summary.md; exit 1 if a configuration failed
 """
@@ -12,8 +12,9 @@ from pathlib import Path
 
 
 def load(out: Path) -> list:
-    paths = sorted(Path(out).glob("results.jsonl")) + sorted(Path(out).glob("*/results.jsonl"))
-    return [json.loads(line) for path in paths for line in path.read_text().splitlines() if line.strip()]
+    """Every results.jsonl under `out` (a run's folder, a model's, or a folder of several runs), each file in order."""
+    paths = sorted(Path(out).rglob("results.jsonl"))
+    return [[json.loads(line) for line in path.read_text().splitlines() if line.strip()] for path in paths]
 
 
 def _device_counts(record: dict) -> tuple:
@@ -53,16 +54,20 @@ def _op_counts(record: dict) -> str:
 
 
 def merged(out: Path) -> list:
-    """One record per (model, configuration): the run's line with its scoring line's greedy check folded in."""
-    records, checks = [], {}
-    for line in load(out):
-        if "greedy_check" in line:
-            checks[(line["model"], line["config"])] = line["greedy_check"]
-        else:
-            records.append(line)
-    for r in records:
-        if (r.get("model"), r.get("config")) in checks:
-            r["greedy_check"] = checks[(r["model"], r["config"])]
+    """One record per configuration run: its line with its scoring line's greedy check folded in. A scoring line
+    follows its runs in the same file and belongs to the last run of its (model, configuration) before it, so runs
+    repeated across files or calls keep their own checks."""
+    records = []
+    for lines in load(out):
+        last = {}
+        for line in lines:
+            key = (line.get("model"), line.get("config"))
+            if "greedy_check" in line:
+                if key in last:
+                    last[key]["greedy_check"] = line["greedy_check"]
+            else:
+                records.append(line)
+                last[key] = line
     return records
 
 
