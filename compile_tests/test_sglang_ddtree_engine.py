@@ -239,7 +239,9 @@ def sglang_seeded_draws(logprobs, temperature: float, seed: int, positions):
 
     probs = torch.softmax(logprobs / temperature, dim=-1)
     seeds = torch.full((probs.shape[0],), seed, dtype=torch.int64)
-    with mock.patch.object(sampler, "murmur_hash32", sglang_murmur_hash32):
+    # SGLang compiles multinomial_with_seed with torch.compile; dynamo cannot trace Triton's interpreter, so the
+    # sampler runs eagerly (the same Python, the same arithmetic)
+    with mock.patch.object(sampler, "murmur_hash32", sglang_murmur_hash32), torch.compiler.set_stance("force_eager"):
         tokens = sampler.sampling_from_probs_torch(probs, sampling_seed=seeds, positions=positions)
         hashed = sglang_murmur_hash32(seeds.to(torch.uint64), positions, torch.arange(probs.shape[1]))
     u = hashed.to(torch.float64) / torch.iinfo(torch.uint32).max  # multinomial_with_seed's Gumbel, for the margin
