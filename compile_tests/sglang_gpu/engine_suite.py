@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import sys
@@ -70,7 +71,9 @@ def configurations(models: dict, platform: str = "gpu") -> list:
         return dict(speculative_algorithm="DDTREE", speculative_draft_model_path=models["dflash"],
                     speculative_num_draft_tokens=budget)
 
-    compiled = dict(enable_torch_compile=True, torch_compile_max_bs=4)
+    # torch.compile costs ~25 s a captured batch size at start-up (tiny model, H100): KDTREE_ENGINE_COMPILE_BS lowers
+    # the largest compiled size where a call's time is short (sizes above it replay uncompiled graphs)
+    compiled = dict(enable_torch_compile=True, torch_compile_max_bs=int(os.environ.get("KDTREE_ENGINE_COMPILE_BS", 4)))
     configs = [("none", dict(attention_backend=plain), {}, False),
                ("ngram", dict(KDTREE, **ngram), base, False),
                ("eagle", dict(KDTREE, **eagle), base, False),
