@@ -21,6 +21,10 @@
 #             engine_suite.py): no speculation, NGRAM, EAGLE topk 4, DFLASH, DDTREE at budgets 16-1023, torch.compile,
 #             seeded sampling, per model (KDTREE_ENGINE_MODELS, default tiny,mla,llama8b; KDTREE_ENGINE_ONLY: a regex
 #             of model/config names). Needs the engine bundle (shared/gpu-engine) instead of shared/gpu: a call of its own
+#   enginebench  python -m kdtree_ops bench --engine on the Llama-3-8B-shaped target at two drafter agreement levels
+#             (compile_tests/sglang_gpu/engine_bench_gpu.py; KDTREE_ENGINEBENCH_ARGS: more bench options): tokens/s at
+#             batch 1-32 for no speculation, DFLASH (its verify and kdtree's) and DDTREE 16-1023, DDTREE's round time
+#             split. The engine bundle, like `engine`
 # Each part writes RESULTS_DIR/<part>/ and appends its stages to RESULTS_DIR/stages.tsv; every run rebuilds
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
 # call of 10 minutes does not hold all three) into one results folder. KDTREE_OPS_UNVERIFIED=1 is set: the suite is
@@ -30,18 +34,30 @@
 # KDTREE_SUITE_TESTS names the test files of native/tests (default: compile_tests).
 set -u -o pipefail
 
-out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench] [engine]}
+out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench] [engine] [enginebench]}
 shift
 parts=("$@")
 (( ${#parts[@]} )) || parts=(native emulated bench)
 for part in "${parts[@]}"; do
-  case $part in native|emulated|bench|engine) ;; *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;; esac
+  case $part in native|emulated|bench|engine|enginebench) ;; *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;; esac
 done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 exec > >(tee -a "$out/suite.log") 2>&1
+
+# An Engine finds kdtree's backend and DDTREE through the package's entry point, so the checkout is installed (no
+# dependencies; the checkout stays first on the engines' PYTHONPATH, so the installed copy only lends its entry point;
+# the machine has no registry: hatchling and its needs come as wheels in KDTREE_HATCHLING_WHEELS).
+install_for_engines() {
+  if ! $py -c "import importlib.metadata as m; m.distribution('kdtree-ops')" 2>/dev/null; then
+    mkdir -p /tmp/hatch && $py -m pip install -q --no-index --no-deps --target /tmp/hatch \
+      "${KDTREE_HATCHLING_WHEELS:-.whl}"/*.whl && PYTHONPATH=/tmp/hatch $py -m pip install -q \
+      --no-index --no-deps --no-build-isolation . > "$out/install.log" 2>&1 || echo "install of kdtree-ops failed"
+  fi
+  $py -c "import importlib.metadata as m; print([e.value for e in m.entry_points(group='sglang.srt.plugins')])"
+}
 
 budget=${KDTREE_SUITE_BUDGET_S:-560}
 start=$(date +%s)
@@ -200,15 +216,7 @@ for part in "${parts[@]}"; do
     fi
     ;;
   engine)
-    # The Engine finds kdtree's backend and DDTREE through the package's entry point, so the checkout is installed
-    # (no dependencies; the checkout stays first on the engines' PYTHONPATH, so the installed copy only lends its
-    # entry point; the machine has no registry: hatchling and its needs come as wheels in KDTREE_HATCHLING_WHEELS).
-    if ! $py -c "import importlib.metadata as m; m.distribution('kdtree-ops')" 2>/dev/null; then
-      mkdir -p /tmp/hatch && $py -m pip install -q --no-index --no-deps --target /tmp/hatch \
-        "${KDTREE_HATCHLING_WHEELS:-.whl}"/*.whl && PYTHONPATH=/tmp/hatch $py -m pip install -q \
-        --no-index --no-deps --no-build-isolation . > "$out/install.log" 2>&1 || echo "install of kdtree-ops failed"
-    fi
-    $py -c "import importlib.metadata as m; print([e.value for e in m.entry_points(group='sglang.srt.plugins')])"
+    install_for_engines
     # The library builds in the background while the first (non-kdtree) engines run; a kdtree engine's scheduler
     # waits on the build's lock (kdtree_ops/build.py) if it is not done yet. The models run side by side, each in
     # its own suite process (its own engines; the GPU holds them all): their tokens/s are not a benchmark.
@@ -220,6 +228,12 @@ for part in "${parts[@]}"; do
       $py -m sglang_gpu.engine_suite --out '$out/engine/'\$m --models \$m --only '${KDTREE_ENGINE_ONLY:-}' \
       --budget-s ${KDTREE_ENGINE_START_S:-$(( budget - 150 ))} > '$out/engine/'\$m.out 2>&1 & done; wait; \
       tail -n 30 '$out/engine/'*.out; $py -m sglang_gpu.engine_report '$out/engine'"
+    ;;
+  enginebench)
+    install_for_engines
+    mkdir -p "$out/enginebench"
+    stage enginebench bench "$(( budget - 30 ))" 0 bash -c "cd compile_tests && $py -m sglang_gpu.engine_bench_gpu \
+      --out '$out/enginebench' ${KDTREE_ENGINEBENCH_ARGS:-}; cat '$out'/enginebench/*/engine_bench.md"
     ;;
   esac
 done
