@@ -62,7 +62,8 @@ def test_engine_bench_runs_on_the_cpu_engine(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "kdtree_ops", "bench", "--engine", "--model-path", str(target),
            "--draft-model-path", str(draft), "--configs", "none,ddtree16,ddtree9x", "--batch-sizes", "1,2",
-           "--new-tokens", "12", "--prompt-len", "8", "--vocab-range", f"{ddtree_models.FIRST_WORD},{ddtree_models.VOCAB}",
+           "--new-tokens", "12", "--prompt-len", "8",
+           "--vocab-range", f"{ddtree_models.FIRST_WORD},{ddtree_models.VOCAB}",
            "--engine-args", json.dumps(settings), "--profile", "--out", str(out)]
     bad = subprocess.run(cmd, cwd=REPO, env=driver_env(platform="cpu"), capture_output=True, text=True, timeout=60)
     assert bad.returncode != 0 and "unknown configuration 'ddtree9x'" in bad.stderr  # before any engine starts

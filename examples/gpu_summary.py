@@ -101,9 +101,11 @@ def main(out: Path) -> None:
             lines += ["", "## Gather probe (`examples/gather_probe.cu`)", "", "```", probe.read_text().strip(), "```"]
     engine = out / "engine" / "summary.md"
     if engine.exists():
-        lines += ["", "## SGLang engines, CUDA graphs on (compile_tests/sglang_gpu/engine_suite.py)", "", engine.read_text()]
+        lines += ["", "## SGLang engines, CUDA graphs on (compile_tests/sglang_gpu/engine_suite.py)", "",
+                  engine.read_text()]
     for table in sorted((out / "enginebench").glob("*/engine_bench.md")):
-        lines += ["", f"## End to end (`python -m kdtree_ops bench --engine`), {table.parent.name}", "", table.read_text()]
+        lines += ["", f"## End to end (`python -m kdtree_ops bench --engine`), {table.parent.name}", "",
+                  table.read_text()]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

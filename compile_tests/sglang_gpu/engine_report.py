@@ -18,8 +18,8 @@ def load(out: Path) -> list:
 
 
 def _device_counts(record: dict) -> tuple:
-    """(op calls seen from Python — eager and capture —, op calls counted on the device — replays too —, non-finite
-    verify rows) summed over the kdtree backends of the run (KDTREE_VERIFY_COUNT=1)."""
+    """(op calls seen from Python — eager and capture —, op calls counted on the device — replays too —,
+    non-finite verify rows) summed over the kdtree backends of the run (KDTREE_VERIFY_COUNT=1)."""
     op = device = non_finite = 0
     for state in record.get("kdtree") or []:
         op += sum(state.get("op_calls", {}).values())
