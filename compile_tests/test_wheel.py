@@ -169,7 +169,7 @@ def test_a_wheel_for_another_torch_falls_back_to_the_jit_build_in_one_line(ops, 
     meta = json.loads(original)
     manifest.write_text(json.dumps({**meta, "torch": "2.13.0+cu126", "cuda": "12.6"}))
     try:
-        code = "import kdtree_ops, torch; from kdtree_ops import build; print('REPORT', build._loaded_library is None)"
+        code = "import json, kdtree_ops; from kdtree_ops import build; print('REPORT', json.dumps(build._loaded_library is None))"
         loaded_nothing, stderr = _run(venv / "bin" / "python", _bare_env(venv, tmp_path / "empty"), code, tmp_path)
         assert loaded_nothing is True
         lines = [line for line in stderr.splitlines() if "prebuilt" in line]

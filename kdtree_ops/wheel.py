@@ -160,8 +160,8 @@ def _metadata(checkout: Path, project: dict, version: str, torch_pin: str) -> st
 
 def _entry_points(project: dict) -> str:
     groups = {"console_scripts": project.get("scripts", {}), **project.get("entry-points", {})}
-    return "".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()) + "\n"
-                   for group, entries in groups.items() if entries)
+    return "\n".join(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items())
+                     for group, entries in groups.items() if entries)
 
 
 def _digest(data: bytes) -> str:
