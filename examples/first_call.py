@@ -9,7 +9,8 @@ is a binary wheel's prebuilt one, the package's folder, whether the build cache 
 build afterwards, and the compilers on PATH. --expect prebuilt fails unless the wheel's library served without a
 build appearing in the cache; --expect cache fails unless a cached (JIT) build served. The GPU suite's `wheel` part
 runs it for the JIT build (cold and warm cache) and for the wheel installed in a fresh virtual environment.
-Run it from outside the checkout when the installed package is meant (the checkout's folder would shadow it).
+From a checkout, run it with PYTHONPATH=. (as the GPU suite does: examples/ alone on the path finds an installed
+package); for an installed package, run it from outside the checkout.
 """
 
 from __future__ import annotations
