@@ -25,6 +25,12 @@
 #             (compile_tests/sglang_gpu/engine_bench_gpu.py; KDTREE_ENGINEBENCH_ARGS: more bench options): tokens/s at
 #             batch 1-32 for no speculation, DFLASH (its verify and kdtree's) and DDTREE 16-1023, DDTREE's round time
 #             split. The engine bundle, like `engine`
+#   wheel     the binary wheel on this GPU (not among the default parts; name it): the JIT build's time from import
+#             to the first op call with an empty cache (it compiles for this GPU) and with its build cached; the wheel
+#             built from that build here (python -m kdtree_ops build --wheel: this machine's torch and Python, so it
+#             matches; a wheel from another torch would fall back to JIT) into RESULTS_DIR/wheel/dist, installed in a
+#             fresh venv (--system-site-packages, offline, no compiler on PATH, an empty cache), its time to the first
+#             op call, and the CUDA numerics suites served by it (the cache must stay empty: nothing compiled)
 # Each part writes RESULTS_DIR/<part>/ and appends its stages to RESULTS_DIR/stages.tsv; every run rebuilds
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
 # call of 10 minutes does not hold all three) into one results folder. KDTREE_OPS_UNVERIFIED=1 is set: the suite is
@@ -34,12 +40,12 @@
 # KDTREE_SUITE_TESTS names the test files of native/tests (default: compile_tests).
 set -u -o pipefail
 
-out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench] [engine] [enginebench]}
+out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench] [engine] [enginebench] [wheel]}
 shift
 parts=("$@")
 (( ${#parts[@]} )) || parts=(native emulated bench)
 for part in "${parts[@]}"; do
-  case $part in native|emulated|bench|engine|enginebench) ;; *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;; esac
+  case $part in native|emulated|bench|engine|enginebench|wheel) ;; *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;; esac
 done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -234,6 +240,36 @@ for part in "${parts[@]}"; do
     mkdir -p "$out/enginebench"
     stage enginebench bench "$(( budget - 30 ))" 0 bash -c "cd compile_tests && $py -m sglang_gpu.engine_bench_gpu \
       --out '$out/enginebench' ${KDTREE_ENGINEBENCH_ARGS:-}; cat '$out'/enginebench/*/engine_bench.md"
+    ;;
+  wheel)
+    # Every stage in a folder of its own: the JIT cache starts empty, so the first call times the compile.
+    wdir=$(mktemp -d /tmp/kdtree_wheel.XXXXXX)
+    mkdir -p "$out/wheel/dist" && rm -f "$out"/wheel/dist/*.whl
+    stage wheel jit_first_call 300 200 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py examples/first_call.py \
+      --expect cache
+    stage wheel jit_cached_first_call 60 180 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py examples/first_call.py \
+      --expect cache
+    # The same targets as the JIT build (this GPU's), so the wheel packs that build without compiling again.
+    stage wheel build_wheel 300 150 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py -m kdtree_ops build --wheel \
+      --out "$out/wheel/dist"
+    # --no-deps: this machine's torch may lack a dependency's wheel offline (CI installs with the pinned requirements).
+    stage wheel install 120 120 bash -c "$py -m venv --without-pip --system-site-packages '$wdir/venv' && $py -m pip \
+      --python '$wdir/venv/bin/python' install --no-index --no-deps '$out'/wheel/dist/kdtree_ops-*.whl"
+    # No CUDA toolkit named, the checkout off PYTHONPATH and not the working folder (the installed package serves),
+    # an empty build cache (checked empty afterwards: nothing compiled). The first call runs with the venv alone on
+    # PATH (no compiler at all); the numerics keep the system's C compiler on PATH, which Triton and Inductor need
+    # for their own kernels (reduce-overhead), while the empty cache shows the library was not built.
+    wheel_env=(env -u CUDA_HOME -u CUDA_PATH KDTREE_OPS_CACHE_DIR="$wdir/wheel_cache"
+               PYTHONPATH="$(printf '%s' "${PYTHONPATH:-}" | tr ':' '\n' | grep -vxF "$repo" | paste -sd:)")
+    stage wheel wheel_first_call 120 100 "${wheel_env[@]}" PATH="$wdir/venv/bin" /bin/bash -c "cd '$wdir' && \
+      '$wdir/venv/bin/python' '$repo/examples/first_call.py' --expect prebuilt"
+    stage wheel numerics 240 0 "${wheel_env[@]}" PATH="$wdir/venv/bin:/usr/bin:/bin" /bin/bash -c "cd '$wdir' && \
+      '$wdir/venv/bin/python' -m pytest \
+      '$repo/compile_tests/test_cuda_numerics.py' '$repo/compile_tests/test_cuda_fp8.py' \
+      '$repo/compile_tests/test_cuda_graphs.py' '$repo/compile_tests/test_cuda_ddtree.py' -m cuda -q \
+      -p no:cacheprovider --durations=5 --junitxml='$out/wheel/pytest_cuda.xml'; rc=\$?; \
+      '$wdir/venv/bin/python' '$repo/examples/first_call.py' --expect prebuilt || rc=1; exit \$rc"
+    rm -rf "$wdir"
     ;;
   esac
 done
