@@ -244,6 +244,20 @@ def test_accepted_slots(device):
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_emitted_tokens_are_the_accepted_drafts_then_the_bonus(device):
+    """Path 0 -> 3 -> 5, the root alone, and a full path 0 -> 1 -> 2 -> 4: drafts in path order, then the bonus."""
+    tree_tokens = torch.tensor([[7, 20, 21, 22, 23, 24], [9, 30, 31, 32, 33, 34], [8, 40, 41, 42, 43, 44]],
+                               device=device)
+    accepted = torch.tensor([[0, 3, 5, -1], [0, -1, -1, -1], [0, 1, 2, 4]], dtype=torch.int32, device=device)
+    accept_len = torch.tensor([2, 0, 3], dtype=torch.int32, device=device)
+    bonus = torch.tensor([50, 60, 70], device=device)
+    emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, bonus)
+    assert emitted.shape == (3, 4) and emitted.dtype == torch.int64
+    assert [row[:n + 1] for row, n in zip(emitted.tolist(), accept_len.tolist())] == [
+        [22, 24, 50], [60], [40, 41, 43, 70]]
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
 def test_opcheck(device):
     for budget in (0, 5, 40):
         torch.library.opcheck(torch.ops.kdtree.ddtree_build_tree.default,

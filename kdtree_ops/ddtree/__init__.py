@@ -12,8 +12,8 @@
   kdtree_ops/sglang/ddtree_worker.py (its DFlash drafter: dflash_drafter.py).
 """
 
-from .ops import accept_greedy, accepted_slots, build_tree, build_tree_shapes, commit_kv, mask_words
+from .ops import accept_greedy, accepted_slots, build_tree, build_tree_shapes, commit_kv, emitted_tokens, mask_words
 from .sampling import SamplingParams, sample_targets
 
-__all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "build_tree_shapes", "mask_words",
-           "sample_targets", "SamplingParams"]
+__all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "emitted_tokens", "build_tree_shapes",
+           "mask_words", "sample_targets", "SamplingParams"]

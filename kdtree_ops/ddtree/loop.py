@@ -83,6 +83,18 @@ def target_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: Sampl
     return sample_targets(logits, positions, *sampling.astuple())
 
 
+def append_tokens(generated: torch.Tensor, num_generated: torch.Tensor, tokens: torch.Tensor,
+                  counts: torch.Tensor) -> None:
+    """Appends tokens[b, :counts[b]] to row b of `generated` [B, G + 1] after its num_generated[b] [B] tokens and
+    advances num_generated, in place with no host sync; the other columns of `tokens` [B, C] land in generated's
+    last column, a sink."""
+    j = torch.arange(tokens.shape[1], device=tokens.device)
+    sink = generated.shape[1] - 1
+    columns = torch.where(j < counts[:, None], num_generated[:, None] + j, sink).clamp_max(sink)
+    generated.scatter_(1, columns, tokens)
+    num_generated.add_(counts)
+
+
 def prefill(model: ToyDecoder, prompts: list[list[int]], prompt_slots: list[list[int]], cache: PagedKVCache,
             device) -> tuple[torch.Tensor, torch.Tensor]:
     """Runs each prompt as a chain tree (causal attention) over an empty prefix, writing its K/V to
@@ -222,14 +234,8 @@ class DDTreeRound:
     def emit(state: DDTreeState, tree_tokens: torch.Tensor, accepted: torch.Tensor, accept_len: torch.Tensor,
              next_tokens: torch.Tensor) -> None:
         """Appends each request's accepted draft tokens and its bonus token to `generated`."""
-        drafted = tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).long())             # [B, D]
-        emitted = torch.cat([drafted, next_tokens[:, None]], 1)                          # [B, D+1]
-        emitted.scatter_(1, accept_len[:, None].long(), next_tokens[:, None])           # bonus after the drafts
-        j = torch.arange(emitted.shape[1], device=emitted.device)
-        sink = state.generated.shape[1] - 1
-        columns = torch.where(j <= accept_len[:, None], state.num_generated[:, None] + j, sink).clamp_max(sink)
-        state.generated.scatter_(1, columns, emitted)
-        state.num_generated.add_(accept_len + 1)
+        append_tokens(state.generated, state.num_generated,
+                      ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens), accept_len + 1)
 
 
 class DDTreeGraphRunner:

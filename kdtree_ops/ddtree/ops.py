@@ -21,7 +21,8 @@ from ..shapes import build_tree_shapes, mask_words  # noqa: F401  (re-exported)
 
 build.load()
 
-__all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "build_tree_shapes", "mask_words"]
+__all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "emitted_tokens", "build_tree_shapes",
+           "mask_words"]
 
 
 def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, root_tokens: torch.Tensor, budget: int):
@@ -100,6 +101,22 @@ def accepted_slots(accepted: torch.Tensor, node_slots: torch.Tensor) -> torch.Te
     valid = accepted >= 0
     slots = torch.gather(node_slots, 1, accepted.clamp_min(0).to(torch.int64))
     return torch.where(valid, slots, torch.full_like(slots, -1))
+
+
+def emitted_tokens(tree_tokens: torch.Tensor, accepted: torch.Tensor, accept_len: torch.Tensor,
+                   next_tokens: torch.Tensor) -> torch.Tensor:
+    """[B, D+1] int64: each request's output of a round, its accepted draft tokens then the bonus token.
+
+    Pure torch, no host sync. Row b holds accept_len[b] + 1 tokens; the columns after them are padding (a
+    -1 entry of `accepted` reads the root's token; the last column is the bonus token).
+
+    Args:
+        tree_tokens: [B, T] int64 node tokens (node 0 the root).
+        accepted, accept_len, next_tokens: accept_greedy's outputs ([B, D+1] int32, [B] int32, [B] int64).
+    """
+    drafted = tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).to(torch.int64))      # [B, D]
+    emitted = torch.cat([drafted, next_tokens[:, None]], 1)                            # [B, D+1]
+    return emitted.scatter_(1, accept_len[:, None].to(torch.int64), next_tokens[:, None])  # bonus after the drafts
 
 
 @torch.library.register_fake("kdtree::ddtree_build_tree")

@@ -244,9 +244,7 @@ class DDTreeWorker(BaseSpecWorker):
                                  torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1))
         logits_output.hidden_states = None
         # 6. the accepted drafts then the bonus token, D + 1 per request
-        emitted = torch.cat([tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).to(torch.int64)),
-                             next_tokens[:, None]], 1)
-        emitted.scatter_(1, accept_len[:, None].to(torch.int64), next_tokens[:, None])
+        emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens)
         accept_lens = (accept_len + 1).to(torch.int32)
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         batch.forward_mode = ForwardMode.DECODE
