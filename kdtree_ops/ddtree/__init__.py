@@ -4,6 +4,7 @@
   csrc/ops.cpp), re-exported here;
 - `sampling`: sample_targets (ddtree_sample_targets) and SamplingParams: the target's token after every node at
   temperature > 0 with SGLang's filters and position-keyed noise, which accept_greedy then walks (lossless);
+  target_tokens: that draw or the argmax, the one choice the loop and the SGLang worker share;
 - `reference`: their pure-Python references (heap and brute-force tree builds, greedy walk, commit);
   `sampling_reference`: the sampled draw's, op for op;
 - `loop`: one DDTree round end to end on a toy target (draft, build, verify, accept, commit), capturable as
@@ -13,7 +14,7 @@
 """
 
 from .ops import accept_greedy, accepted_slots, build_tree, build_tree_shapes, commit_kv, emitted_tokens, mask_words
-from .sampling import SamplingParams, sample_targets
+from .sampling import SamplingParams, sample_targets, target_tokens
 
 __all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "emitted_tokens", "build_tree_shapes",
-           "mask_words", "sample_targets", "SamplingParams"]
+           "mask_words", "sample_targets", "target_tokens", "SamplingParams"]

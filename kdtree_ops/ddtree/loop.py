@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from . import ops as ddtree
-from .sampling import SamplingParams, sample_targets
+from .sampling import SamplingParams, target_tokens
 from ..testing.toy_model import PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
 
 LAYOUTS = ("paged", "contiguous")
@@ -72,15 +72,6 @@ class DDTreeState:
         counts = self.num_generated.tolist()
         assert max(counts) < self.generated.shape[1], "output capacity exceeded"
         return [row[:n] for row, n in zip(self.generated.tolist(), counts)]
-
-
-def target_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: SamplingParams | None) -> torch.Tensor:
-    """[B, T] int64: the target's token after each of T rows per request, logits [B*T, V] — its argmax (first
-    maximum) when `sampling` is None, else sample_targets' draw, whose noise positions [B, T] (each row's own
-    token's position) key. Greedy and sampled decoding share this, so both sides of a lossless test pick alike."""
-    if sampling is None:
-        return logits.argmax(-1).view(positions.shape)
-    return sample_targets(logits, positions, *sampling.astuple())
 
 
 def append_tokens(generated: torch.Tensor, num_generated: torch.Tensor, tokens: torch.Tensor,

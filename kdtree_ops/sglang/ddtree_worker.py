@@ -267,12 +267,11 @@ class DDTreeWorker(BaseSpecWorker):
             apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
                                                    draft_token_num=positions.shape[1])
         if info is None or info.is_all_greedy:
-            return logits.argmax(-1).view(positions.shape)
+            return ddtree.target_tokens(logits, positions, None)
         seeds = info.sampling_seed
         if seeds is None:  # SGLang keeps per-request seeds only under deterministic inference
             seeds = async_h2d([request_seed(r) for r in batch.reqs], dtype=torch.int64, device=self.device)
-        params = SamplingParams.from_sglang(info, seeds)
-        return ddtree.sample_targets(logits, positions, *params.astuple())
+        return ddtree.target_tokens(logits, positions, SamplingParams.from_sglang(info, seeds))
 
     def _commit_target_kv(self, accepted, node_slots, dest) -> None:
         pool = self.model_runner.token_to_kv_pool
