@@ -11,9 +11,9 @@ One round serves B requests, each at its own committed length (read on the devic
   5. commit — the accepted nodes become the request's next positions:
        layout "paged" (page size 1): bookkeeping only — `ddtree.accepted_slots` go into req_to_token, and the
          tree slots they leave are replaced by fresh ones from the request's own (shuffled) slot region;
-       layout "contiguous": `ddtree.commit_kv` copies the accepted rows into the request's next contiguous
+       layout "contiguous": `ddtree.commit_kv_layers` copies the accepted rows into the request's next contiguous
          slots; the tree always writes into the same scratch slots;
-  6. the accepted drafts and the bonus token are appended to each request's output.
+  6. the accepted drafts and the bonus token (`ddtree.emitted_tokens`) are appended to each request's output.
 Every tensor's shape is fixed by (B, budget, K, capacities): no .item(), no shape from values, constants made
 by kernels on the device, so on CUDA the whole round is captured into one torch.cuda.CUDAGraph
 (DDTreeGraphRunner) and replayed every step. `greedy_decode` (and `sample_decode` with sampling parameters) is the plain
@@ -218,8 +218,7 @@ class DDTreeRound:
         max_len = state.req_to_token.shape[1] - 1
         depth = torch.arange(accepted.shape[1], device=accepted.device)
         dest = state.req_to_token.gather(1, (state.seq_lens[:, None] + depth).clamp_max(max_len - 1))
-        for k_cache, v_cache in zip(cache.k, cache.v):
-            ddtree.commit_kv(k_cache, None if cache.values_view_keys else v_cache, accepted, state.tree_slots, dest)
+        ddtree.commit_kv_layers(zip(cache.k, cache.v), accepted, state.tree_slots, dest)
 
     @staticmethod
     def emit(state: DDTreeState, tree_tokens: torch.Tensor, accepted: torch.Tensor, accept_len: torch.Tensor,

@@ -21,8 +21,8 @@ from ..shapes import build_tree_shapes, mask_words  # noqa: F401  (re-exported)
 
 build.load()
 
-__all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "emitted_tokens", "build_tree_shapes",
-           "mask_words"]
+__all__ = ["build_tree", "accept_greedy", "commit_kv", "commit_kv_layers", "values_view_keys", "accepted_slots",
+           "emitted_tokens", "build_tree_shapes", "mask_words"]
 
 
 def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, root_tokens: torch.Tensor, budget: int):
@@ -86,6 +86,21 @@ def commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor | None, accepted: tor
         dest_slots: [B, D+1] int64: the slot accepted entry d of request b goes to.
     """
     torch.ops.kdtree.ddtree_commit_kv.default(k_cache, v_cache, accepted, node_slots, dest_slots)
+
+
+def commit_kv_layers(kv_layers, accepted: torch.Tensor, node_slots: torch.Tensor, dest_slots: torch.Tensor) -> None:
+    """`commit_kv` over every layer of a cache: kv_layers yields each layer's (k_cache, v_cache). A v_cache that is
+    a view of its k_cache's rows (MLA: the value is the first columns of the latent row) moves with the keys, so it
+    is passed as None; other arguments as commit_kv's."""
+    for k_cache, v_cache in kv_layers:
+        commit_kv(k_cache, None if values_view_keys(k_cache, v_cache) else v_cache, accepted, node_slots, dest_slots)
+
+
+def values_view_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether v_cache views k_cache's rows from their first byte (MLA's value cache): the same storage at the same
+    offset. Reads only metadata (fake tensors included); a V elsewhere in K's storage is its own cache."""
+    return (torch._C._is_alias_of(v_cache, k_cache)
+            and v_cache.storage_offset() * v_cache.element_size() == k_cache.storage_offset() * k_cache.element_size())
 
 
 def accepted_slots(accepted: torch.Tensor, node_slots: torch.Tensor) -> torch.Tensor:

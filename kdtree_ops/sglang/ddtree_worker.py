@@ -11,9 +11,10 @@ the caches):
   4. the target's token after every node — argmax, or (sampling requests) `ddtree.sample_targets` with SGLang's
      per-request parameters and noise keyed by (seed, position) — and `ddtree.accept_greedy`: the accepted path
      and the next bonus token;
-  5. commit: `ddtree.commit_kv` moves the accepted nodes' target K/V to positions L_b .. L_b + accepted (every
+  5. commit: `ddtree.commit_kv_layers` moves the accepted nodes' target K/V to positions L_b .. L_b + accepted (every
      layer), and the drafter writes the same positions' draft K/V from the target's hidden states there;
-  6. SGLang gets the accepted drafts and the bonus token per request (rows of D + 1, D = min(K, budget)).
+  6. SGLang gets the accepted drafts and the bonus token per request (`ddtree.emitted_tokens`: rows of D + 1,
+     D = min(K, budget)).
 No step reads the device from the host; shapes come from (B, N, K, top-k) and the batch's host lengths; the host
 values the device needs (seeds SGLang does not keep, a prefill's extend lengths) go by SGLang's `async_h2d` (pinned
 staging, an asynchronous copy: a pageable `non_blocking` copy would synchronize the stream). Prefill (extend) batches run the
@@ -236,7 +237,10 @@ class DDTreeWorker(BaseSpecWorker):
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
         dest = node_slots[:, : self.max_depth + 1]
-        self._commit_target_kv(accepted, node_slots, dest)
+        pool = self.model_runner.token_to_kv_pool
+        ddtree.commit_kv_layers(((pool.get_key_buffer(i), pool.get_value_buffer(i))
+                                 for i in range(pool.start_layer, pool.start_layer + pool.layer_num)),
+                                accepted, node_slots, dest)
         rows = (torch.arange(bs, device=self.device)[:, None] * n + accepted.clamp_min(0)).reshape(-1)
         depth = torch.arange(self.max_depth + 1, device=self.device)
         self.drafter.materialize(logits_output.hidden_states[rows],
@@ -272,11 +276,3 @@ class DDTreeWorker(BaseSpecWorker):
         if seeds is None:  # SGLang keeps per-request seeds only under deterministic inference
             seeds = async_h2d([request_seed(r) for r in batch.reqs], dtype=torch.int64, device=self.device)
         return ddtree.target_tokens(logits, positions, SamplingParams.from_sglang(info, seeds))
-
-    def _commit_target_kv(self, accepted, node_slots, dest) -> None:
-        pool = self.model_runner.token_to_kv_pool
-        for layer_id in range(pool.start_layer, pool.start_layer + pool.layer_num):
-            k = pool.get_key_buffer(layer_id)
-            v = pool.get_value_buffer(layer_id)
-            values_view_keys = v.data_ptr() == k.data_ptr()  # MLA: the value is a view of the latent row
-            ddtree.commit_kv(k, None if values_view_keys else v, accepted, node_slots, dest)
