@@ -48,7 +48,7 @@ from ..ddtree.sampling import SamplingParams
 from .ddtree_algorithm import ddtree_topk
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
-from .verify_metadata import fill_prefix_slots
+from .verify_metadata import prefix_kv
 
 logger = logging.getLogger(__name__)
 
@@ -201,11 +201,7 @@ class DDTreeWorker(BaseSpecWorker):
         req_to_token = self.req_to_token_pool.req_to_token
         self.clock.start()
         # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
-        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
-        torch.cumsum(prefix.to(torch.int32), 0, out=kv_indptr[1:])
-        max_len = int(batch.seq_lens_cpu.max())
-        kv_indices = torch.empty(int(batch.seq_lens_cpu.sum()) + 1, dtype=torch.int32, device=self.device)
-        fill_prefix_slots(req_to_token, batch.req_pool_indices, prefix, kv_indptr, kv_indices, max_len)
+        kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
         logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
         self.clock.lap("draft")
         # 2. the tree

@@ -148,7 +148,7 @@ class DFlashDrafter:
         Args:
             bonus: [B] int64, each request's last token (not yet in either cache), at position prefix_lens[b].
             prefix_lens: [B] committed lengths (their draft K/V are in the cache).
-            kv_indptr, kv_indices: the committed slots of each request (verify_metadata.fill_prefix_slots).
+            kv_indptr, kv_indices: the committed slots of each request (verify_metadata.prefix_kv).
             topk: candidates per position (<= vocabulary).
         Returns:
             logprobs [B, K, topk] float32 sorted descending, tokens [B, K, topk] int64 (ddtree.build_tree's input).
