@@ -11,9 +11,10 @@ the caches):
   4. the target's token after every node — argmax, or (sampling requests) `ddtree.sample_targets` with SGLang's
      per-request parameters and noise keyed by (seed, position) — and `ddtree.accept_greedy`: the accepted path
      and the next bonus token;
-  5. commit: `ddtree.commit_kv` moves the accepted nodes' target K/V to positions L_b .. L_b + accepted (every
+  5. commit: `ddtree.commit_kv_layers` moves the accepted nodes' target K/V to positions L_b .. L_b + accepted (every
      layer), and the drafter writes the same positions' draft K/V from the target's hidden states there;
-  6. SGLang gets the accepted drafts and the bonus token per request (rows of D + 1, D = min(K, budget)).
+  6. SGLang gets the accepted drafts and the bonus token per request (`ddtree.emitted_tokens`: rows of D + 1,
+     D = min(K, budget)).
 No step reads the device from the host; shapes come from (B, N, K, top-k) and the batch's host lengths; the host
 values the device needs (seeds SGLang does not keep, a prefill's extend lengths) go by SGLang's `async_h2d` (pinned
 staging, an asynchronous copy: a pageable `non_blocking` copy would synchronize the stream). Prefill (extend) batches run the
@@ -47,7 +48,7 @@ from ..ddtree.sampling import SamplingParams
 from .ddtree_algorithm import ddtree_topk
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
-from .verify_metadata import fill_prefix_slots
+from .verify_metadata import prefix_kv
 
 logger = logging.getLogger(__name__)
 
@@ -200,11 +201,7 @@ class DDTreeWorker(BaseSpecWorker):
         req_to_token = self.req_to_token_pool.req_to_token
         self.clock.start()
         # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
-        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
-        torch.cumsum(prefix.to(torch.int32), 0, out=kv_indptr[1:])
-        max_len = int(batch.seq_lens_cpu.max())
-        kv_indices = torch.empty(int(batch.seq_lens_cpu.sum()) + 1, dtype=torch.int32, device=self.device)
-        fill_prefix_slots(req_to_token, batch.req_pool_indices, prefix, kv_indptr, kv_indices, max_len)
+        kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
         logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
         self.clock.lap("draft")
         # 2. the tree
@@ -236,7 +233,10 @@ class DDTreeWorker(BaseSpecWorker):
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
         dest = node_slots[:, : self.max_depth + 1]
-        self._commit_target_kv(accepted, node_slots, dest)
+        pool = self.model_runner.token_to_kv_pool
+        ddtree.commit_kv_layers(((pool.get_key_buffer(i), pool.get_value_buffer(i))
+                                 for i in range(pool.start_layer, pool.start_layer + pool.layer_num)),
+                                accepted, node_slots, dest)
         rows = (torch.arange(bs, device=self.device)[:, None] * n + accepted.clamp_min(0)).reshape(-1)
         depth = torch.arange(self.max_depth + 1, device=self.device)
         self.drafter.materialize(logits_output.hidden_states[rows],
@@ -244,9 +244,7 @@ class DDTreeWorker(BaseSpecWorker):
                                  torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1))
         logits_output.hidden_states = None
         # 6. the accepted drafts then the bonus token, D + 1 per request
-        emitted = torch.cat([tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).to(torch.int64)),
-                             next_tokens[:, None]], 1)
-        emitted.scatter_(1, accept_len[:, None].to(torch.int64), next_tokens[:, None])
+        emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens)
         accept_lens = (accept_len + 1).to(torch.int32)
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         batch.forward_mode = ForwardMode.DECODE
@@ -269,17 +267,8 @@ class DDTreeWorker(BaseSpecWorker):
             apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
                                                    draft_token_num=positions.shape[1])
         if info is None or info.is_all_greedy:
-            return logits.argmax(-1).view(positions.shape)
+            return ddtree.target_tokens(logits, positions, None)
         seeds = info.sampling_seed
         if seeds is None:  # SGLang keeps per-request seeds only under deterministic inference
             seeds = async_h2d([request_seed(r) for r in batch.reqs], dtype=torch.int64, device=self.device)
-        params = SamplingParams.from_sglang(info, seeds)
-        return ddtree.sample_targets(logits, positions, *params.astuple())
-
-    def _commit_target_kv(self, accepted, node_slots, dest) -> None:
-        pool = self.model_runner.token_to_kv_pool
-        for layer_id in range(pool.start_layer, pool.start_layer + pool.layer_num):
-            k = pool.get_key_buffer(layer_id)
-            v = pool.get_value_buffer(layer_id)
-            values_view_keys = v.data_ptr() == k.data_ptr()  # MLA: the value is a view of the latent row
-            ddtree.commit_kv(k, None if values_view_keys else v, accepted, node_slots, dest)
+        return ddtree.target_tokens(logits, positions, SamplingParams.from_sglang(info, seeds))

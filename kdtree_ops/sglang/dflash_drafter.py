@@ -29,6 +29,7 @@ import os
 import torch
 
 from ..shapes import mask_words
+from .verify_metadata import QLEN_ONLY, packed_tree_mask
 
 logger = logging.getLogger(__name__)
 
@@ -126,17 +127,15 @@ class DFlashDrafter:
 
     # ---- one block forward -------------------------------------------------------------------------------
 
-    def _block_mask(self, batch: int) -> torch.Tensor:
-        """[batch * block_size, W] int32: every block row sees every block token (bidirectional block)."""
+    def _block_mask(self, qo_indptr: torch.Tensor) -> torch.Tensor:
+        """[B * block_size, W] int32 for B blocks at qo_indptr [B+1]: every block row sees every block token (a
+        bidirectional block: SGLang's QLEN_ONLY mask with every entry set, packed), made once per batch size."""
+        batch, n = qo_indptr.shape[0] - 1, self.block_size
         mask = self._block_masks.get(batch)
         if mask is None:
-            words = mask_words(self.block_size)
-            row = []
-            for w in range(words):
-                bits = sum(1 << (j - 32 * w) for j in range(32 * w, min(32 * w + 32, self.block_size)))
-                row.append(bits - (1 << 32) if bits >= 1 << 31 else bits)  # as int32
-            mask = torch.tensor(row, dtype=torch.int32, device=self.lm_head_weight.device)
-            mask = mask.expand(batch * self.block_size, words).contiguous()
+            device = qo_indptr.device
+            mask = packed_tree_mask(torch.ones(batch * n * n, dtype=torch.bool, device=device), QLEN_ONLY, qo_indptr,
+                                    torch.zeros(batch, dtype=torch.int64, device=device), batch * n, mask_words(n))
             self._block_masks[batch] = mask
         return mask
 
@@ -148,7 +147,7 @@ class DFlashDrafter:
         Args:
             bonus: [B] int64, each request's last token (not yet in either cache), at position prefix_lens[b].
             prefix_lens: [B] committed lengths (their draft K/V are in the cache).
-            kv_indptr, kv_indices: the committed slots of each request (verify_metadata.fill_prefix_slots).
+            kv_indptr, kv_indices: the committed slots of each request (verify_metadata.prefix_kv).
             topk: candidates per position (<= vocabulary).
         Returns:
             logprobs [B, K, topk] float32 sorted descending, tokens [B, K, topk] int64 (ddtree.build_tree's input).
@@ -162,7 +161,7 @@ class DFlashDrafter:
         if self.embed_scale != 1.0:
             hidden = hidden * self.embed_scale
         qo_indptr = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device=device)
-        mask = self._block_mask(b)
+        mask = self._block_mask(qo_indptr)
         residual = None
         for layer, k_cache, v_cache in zip(self.model.layers, self.k_cache, self.v_cache):
             if residual is None:
