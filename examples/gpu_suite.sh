@@ -20,7 +20,9 @@
 #   engine    real sglang.Engines, CUDA graphs on, bf16, through kdtree over the triton base (compile_tests/sglang_gpu/
 #             engine_suite.py): no speculation, NGRAM, EAGLE topk 4, DFLASH, DDTREE at budgets 16-1023, torch.compile,
 #             seeded sampling, per model (KDTREE_ENGINE_MODELS, default tiny,mla,llama8b; KDTREE_ENGINE_ONLY: a regex
-#             of model/config names). Needs the engine bundle (shared/gpu-engine) instead of shared/gpu: a call of its own
+#             of model/config names); where two GPUs are visible also tp_size=2 (NCCL, multicast off): no speculation,
+#             NGRAM, EAGLE topk 4, DDTREE 16 and 64 (`*-tp2`, e.g. KDTREE_ENGINE_ONLY=tp2 on a 2-GPU kind). Needs the
+#             engine bundle (shared/gpu-engine) instead of shared/gpu: a call of its own
 # Each part writes RESULTS_DIR/<part>/ and appends its stages to RESULTS_DIR/stages.tsv; every run rebuilds
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
 # call of 10 minutes does not hold all three) into one results folder. KDTREE_OPS_UNVERIFIED=1 is set: the suite is
