@@ -40,7 +40,11 @@ def replay_proof(record: dict) -> str:
 
 
 def _op_counts(record: dict) -> str:
-    """Verify steps, op calls at capture/eager, and the device-side count of op calls (replays included)."""
+    """Verify steps, op calls at capture/eager, and the device-side count of op calls (replays included); per TP
+    rank where the engine had more than one (`kdtree_ranks`)."""
+    ranks = record.get("kdtree_ranks") or []
+    if len(ranks) > 1:
+        return "; ".join(f"rank {r.get('tp_rank')}: {_op_counts({'kdtree': r.get('kdtree')}) or '-'}" for r in ranks)
     parts = []
     for state in record.get("kdtree") or []:
         if state.get("verify_steps") is None:
@@ -71,10 +75,28 @@ def merged(out: Path) -> list:
     return records
 
 
+def rank_mismatch(record: dict) -> str:
+    """Where the engine had several TP ranks: why their kdtree statuses disagree (a rank whose op never ran, or
+    ranks that verified or replayed different numbers of steps), else ''."""
+    ranks = record.get("kdtree_ranks") or []
+    if len(ranks) < 2 or not any(r.get("kdtree") for r in ranks):
+        return ""
+    seen = set()
+    for rank in ranks:
+        verifying = [s for s in rank.get("kdtree") or [] if s.get("verify_steps")]
+        if not verifying or not sum(verifying[0].get("op_calls", {}).values()):
+            return f"rank {rank.get('tp_rank')}: the op never ran"
+        seen.add((verifying[0]["verify_steps"], sum(verifying[0].get("device_op_calls", {}).values())))
+    return "" if len(seen) == 1 else f"ranks disagree on (verify steps, device calls): {sorted(seen, key=str)}"
+
+
 def verdict(record: dict) -> str:
-    """FAILED (did not run), WRONG (a token failed the greedy check), ok (checked), ran (nothing to check)."""
+    """FAILED (did not run), WRONG (a token failed the greedy check, or the TP ranks' statuses disagree), ok
+    (checked), ran (nothing to check)."""
     if not record.get("ok"):
         return "FAILED"
+    if rank_mismatch(record):
+        return "WRONG"
     check = record.get("greedy_check")
     if _device_counts(record)[2]:
         return "WRONG"  # a verify row went non-finite
@@ -102,7 +124,7 @@ def write_summary(out: Path) -> str:
     for r in merged(out):
         g = r.get("greedy_check")
         check = f"{g['checked']} tokens, {g['near_ties_taken']} near-ties, {g['num_violations']} wrong" if g else ""
-        error = (r.get("error") or "").strip().splitlines()[-1][:160] if r.get("error") else ""
+        error = (r.get("error") or "").strip().splitlines()[-1][:160] if r.get("error") else rank_mismatch(r)
         lines.append(f"| {r.get('model')} | {r['config']} | {verdict(r)} | {check} | {_equal(r)} | "
                      f"{r.get('tokens_per_verify') or ''} | {r.get('tokens_per_s') or ''} | {r.get('startup_s') or ''} | "
                      f"{_op_counts(r)} | {replay_proof(r)} | {error.replace('|', '/')} |")
