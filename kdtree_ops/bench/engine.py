@@ -221,7 +221,8 @@ def markdown(records: list) -> str:
         columns = (*PHASES, "host", "other")
         lines += ["", "DDTREE round time split (profiled runs, largest batch; share of the batch's wall time; host: "
                   "the scheduler between two decode rounds, us a round):", "",
-                  "| configuration | " + " | ".join(columns) + " | host us/round |", "|---|" + "---|" * (len(columns) + 1)]
+                  "| configuration | " + " | ".join(columns) + " | host us/round |",
+                  "|---|" + "---|" * (len(columns) + 1)]
         for rec in profiled:
             row = max(rec["rows"], key=lambda r: r["batch"])
             split = time_split(row["ddtree"], row["seconds"])
