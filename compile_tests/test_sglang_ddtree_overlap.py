@@ -11,7 +11,9 @@ a. with the radix cache (a second round over cached prefixes) and without it und
    on the overlap scheduler equals the engine without speculation token for token, accepting drafts;
 b. every decode round ran on the overlap loop (the worker counts the rounds SGLang handed `on_publish`, which only
    the overlap loop does), and none did without KDTREE_DDTREE_OVERLAP (the synchronous default);
-c. a bad KDTREE_DDTREE_OVERLAP fails at launch, naming the values.
+c. a bad KDTREE_DDTREE_OVERLAP fails at launch, naming the values;
+d. (no engine) the carry passes SGLang's relay (RelayPayload.from_draft_input) and filters and merges by the
+   scheduler's future_indices.
 """
 
 from __future__ import annotations
@@ -106,3 +108,32 @@ def test_a_bad_overlap_switch_fails_at_launch(host, models):
     with pytest.raises(EngineError, match="KDTREE_DDTREE_OVERLAP must be 1 .* or 0"):
         host.start(models["target"], env={"KDTREE_DDTREE_OVERLAP": "yes"}, **ddtree(models))
     host.new_log()
+
+
+def test_the_carry_is_relayed_filtered_and_merged_as_sglang_s_overlap_loop_does():
+    """The scheduler's relay reads EAGLE's fields of the carry (RelayPayload.from_draft_input: an AttributeError on
+    `topk_p` before DDTreeCarry declared them); once the scheduler set `future_indices`, filtering and merging work on
+    them (the carry's own tensors belong to the forward stream), as DFlashDraftInputV2's do."""
+    import torch
+    from sglang.srt.managers.overlap_utils import RelayPayload
+
+    from kdtree_ops.sglang.ddtree_spec_info import DDTreeCarry
+
+    carry = DDTreeCarry(torch.tensor([5, 6, 7]), torch.tensor([10, 11, 12]), 16)
+    payload = RelayPayload.from_draft_input(carry)
+    assert payload.bonus_tokens.tolist() == [5, 6, 7]
+    assert payload.topk_p is payload.topk_index is payload.hidden_states is payload.dsa_topk_indices is None
+    carry.future_indices = torch.tensor([3, 4, 9])
+    carry.filter_batch(torch.tensor([0, 2]))
+    assert carry.future_indices.tolist() == [3, 9]
+    joining = DDTreeCarry(torch.tensor([8]), torch.tensor([20]), 16)
+    with pytest.raises(RuntimeError, match="no future_indices"):
+        carry.merge_batch(joining)
+    joining.future_indices = torch.tensor([1])
+    carry.merge_batch(joining)
+    assert carry.future_indices.tolist() == [3, 9, 1]
+    # the synchronous loop (no future_indices) filters and merges the carried tensors themselves
+    sync = DDTreeCarry(torch.tensor([5, 6, 7]), torch.tensor([10, 11, 12]), 16)
+    sync.filter_batch(torch.tensor([0, 2]))
+    sync.merge_batch(DDTreeCarry(torch.tensor([8]), torch.tensor([20]), 16))
+    assert (sync.bonus_tokens.tolist(), sync.new_seq_lens.tolist()) == ([5, 7, 8], [10, 12, 20])
