@@ -146,10 +146,12 @@ def stats_delta(before: dict | None, after: dict | None) -> dict | None:
     """The DDTREE worker's counters over one timed batch (they accumulate over the engine's life)."""
     if not after:
         return None
-    delta = dict(after, rounds=after["rounds"] - before["rounds"])
+    delta = dict(after)
+    for counter in ("rounds", "published", "drafts_accepted", "host_gaps"):
+        if counter in after:
+            delta[counter] = after[counter] - before.get(counter, 0)
     if after.get("profiled"):
-        delta["drafts_accepted"] = after["drafts_accepted"] - before["drafts_accepted"]
-        delta["seconds"] = {p: after["seconds"][p] - before["seconds"][p] for p in after["seconds"]}
+        delta["seconds"] = {p: after["seconds"][p] - before["seconds"].get(p, 0.0) for p in after["seconds"]}
     return delta
 
 
