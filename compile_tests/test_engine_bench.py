@@ -41,18 +41,36 @@ def test_configuration_names_are_the_launches_they_say():
     assert (engine["speculative_algorithm"], engine["speculative_num_draft_tokens"],
             engine["attention_backend"]) == ("DDTREE", 256, "kdtree")
     assert "speculative_algorithm" not in engine_bench.engine_config("none", args)[0]
+    engine, env = engine_bench.engine_config("ddtree64-overlap", args)
+    assert (engine["speculative_num_draft_tokens"], env["KDTREE_DDTREE_OVERLAP"]) == (64, "1")
+    assert "KDTREE_DDTREE_OVERLAP" not in engine_bench.engine_config("ddtree64", args)[1]
     with pytest.raises(ValueError, match="unknown configuration 'ddtreeX'"):
         engine_bench.engine_config("ddtreeX", args)
     with pytest.raises(ValueError, match="--eagle-draft-model-path"):
         engine_bench.engine_config("eagle-kdtree", args)
 
 
+def test_stats_delta_counts_the_timed_batch_alone():
+    before = {"rounds": 3, "published": 0, "profiled": True, "drafts_accepted": 5, "host_gaps": 2,
+              "seconds": {"draft": 1.0, "host": 0.5}}
+    after = {"rounds": 8, "published": 0, "profiled": True, "drafts_accepted": 12, "host_gaps": 6,
+             "seconds": {"draft": 1.5, "host": 0.75}}
+    delta = engine_bench.stats_delta(before, after)
+    assert (delta["rounds"], delta["drafts_accepted"], delta["host_gaps"], delta["published"]) == (5, 7, 4, 0)
+    assert delta["seconds"] == pytest.approx({"draft": 0.5, "host": 0.25})
+
+
 def test_time_split_shares_and_the_rest():
     stats = {"profiled": True, "seconds": {"draft": 1.0, "build": 0.5, "verify": 2.0, "accept": 0.25, "commit": 0.25}}
     split = engine_bench.time_split(stats, 5.0)
     assert split == pytest.approx({"draft": 0.2, "build": 0.1, "verify": 0.4, "accept": 0.05, "commit": 0.05,
-                                   "other": 0.2}, abs=1e-12)
+                                   "host": 0.0, "other": 0.2}, abs=1e-12)
     assert engine_bench.time_split({"profiled": False}, 5.0) is None
+    stats["seconds"]["host"], stats["host_gaps"] = 0.5, 4
+    split = engine_bench.time_split(stats, 5.0)
+    assert (split["host"], split["other"]) == pytest.approx((0.1, 0.1), abs=1e-12)
+    assert engine_bench.host_us_per_round(stats) == pytest.approx(125000.0)
+    assert engine_bench.host_us_per_round({"profiled": False}) is None
 
 
 def test_engine_bench_runs_on_the_cpu_engine(tmp_path):
@@ -85,6 +103,10 @@ def test_engine_bench_runs_on_the_cpu_engine(tmp_path):
         assert row["ddtree"]["rounds"] > 0 and row["ddtree"]["drafts_accepted"] > 0
         split = engine_bench.time_split(row["ddtree"], row["seconds"])
         assert split["verify"] > 0 and split["draft"] > 0 and split["build"] > 0 and split["other"] > 0
+        # 12 tokens a request: more than one decode round, so at least one gap between two of them was timed
+        # a gap between two rounds of this batch: fewer than its rounds (counted over the timed batch alone)
+        assert 0 < row["ddtree"]["host_gaps"] < row["ddtree"]["rounds"] and split["host"] > 0
+        assert engine_bench.host_us_per_round(row["ddtree"]) > 0
         assert sum(split.values()) == pytest.approx(1.0)
     assert not eagle["ok"] and "no-such-draft" in eagle["error"] and run.returncode == 1
     table = (out / "engine_bench.md").read_text()

@@ -76,6 +76,7 @@ def test_prefill_positions_are_built_on_the_device_from_the_extend_lengths(trans
     out = SimpleNamespace(logits_output=SimpleNamespace(hidden_states=torch.randn(tokens, 8)),
                           next_token_ids=torch.tensor([5, 6, 7]))
     worker = SimpleNamespace(device=torch.device("cpu"), drafter=_Drafter(), num_tree_tokens=16,
+                             clock=ddtree_worker.PhaseClock("cpu"),
                              _target_worker=SimpleNamespace(forward_batch_generation=lambda batch, **kw: out))
     batch = SimpleNamespace(prefix_lens=prefix, extend_lens=extend, seq_lens=torch.tensor([4, 15, 11]),
                             out_cache_loc=torch.arange(100, 100 + tokens))

@@ -19,10 +19,11 @@
 #             only part no test replaces
 #   engine    real sglang.Engines, CUDA graphs on, bf16, through kdtree over the triton base (compile_tests/sglang_gpu/
 #             engine_suite.py): no speculation, NGRAM, EAGLE topk 4, DFLASH, DDTREE at budgets 16-1023, torch.compile,
-#             seeded sampling, per model (KDTREE_ENGINE_MODELS, default tiny,mla,llama8b; KDTREE_ENGINE_ONLY: a regex
-#             of model/config names); where two GPUs are visible also tp_size=2 (NCCL, multicast off): no speculation,
-#             NGRAM, EAGLE topk 4, DDTREE 16 and 64 (`*-tp2`, e.g. KDTREE_ENGINE_ONLY=tp2 on a 2-GPU kind). Needs the
-#             engine bundle (shared/gpu-engine) instead of shared/gpu: a call of its own
+#             the overlap scheduler (ddtree64-overlap), seeded sampling, per model (KDTREE_ENGINE_MODELS, default
+#             tiny,mla,llama8b; KDTREE_ENGINE_ONLY: a regex of model/config names); where two GPUs are visible also
+#             tp_size=2 (NCCL, multicast off): no speculation, NGRAM, EAGLE topk 4, DDTREE 16 and 64 (`*-tp2`, e.g.
+#             KDTREE_ENGINE_ONLY=tp2 on a 2-GPU kind). Needs the engine bundle (shared/gpu-engine) instead of
+#             shared/gpu: a call of its own
 #   enginebench  python -m kdtree_ops bench --engine on the Llama-3-8B-shaped target at two drafter agreement levels
 #             (compile_tests/sglang_gpu/engine_bench_gpu.py; KDTREE_ENGINEBENCH_ARGS: more bench options): tokens/s at
 #             batch 1-32 for no speculation, DFLASH (its verify and kdtree's) and DDTREE 16-1023, DDTREE's round time

@@ -103,7 +103,8 @@ def configurations(models: dict, platform: str = "gpu", tp2: bool = False) -> li
                ("eagle", dict(KDTREE, **eagle), base, False),
                ("dflash", dict(KDTREE, **dflash), base, False)]
     configs += [(f"ddtree{n}", dict(KDTREE, **ddtree(n)), base, False) for n in DDTREE_BUDGETS]
-    configs += [("eagle-compile", dict(KDTREE, **eagle, **compiled), base, False),
+    configs += [("ddtree64-overlap", dict(KDTREE, **ddtree(64)), {**base, "KDTREE_DDTREE_OVERLAP": "1"}, False),
+                ("eagle-compile", dict(KDTREE, **eagle, **compiled), base, False),
                 ("ddtree64-compile", dict(KDTREE, **ddtree(64), **compiled), base, False),
                 ("ddtree64-sampled", dict(KDTREE, **ddtree(64)), base, True),
                 ("none-sampled", dict(attention_backend=plain), {}, True)]

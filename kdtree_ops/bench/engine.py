@@ -11,10 +11,12 @@ configuration) generating --new-tokens each with ignore_eos; tokens/s = the batc
 time, and tokens per verify step from SGLang's `spec_verify_ct`. Configurations:
 - `none`: no speculation; `ngram`, `eagle`, `dflash`: SGLang's algorithm with its own verify (the base backend);
 - `ngram-kdtree`, `eagle-kdtree`, `dflash-kdtree`: the same with `--attention-backend kdtree` (verify by the op);
-- `ddtreeN`: DDTREE through kdtree with N tree tokens (the root and N - 1 drafts).
+- `ddtreeN`: DDTREE through kdtree with N tree tokens (the root and N - 1 drafts); `ddtreeN-overlap`: the same on
+  SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1).
 With --profile, each DDTREE configuration runs again with KDTREE_DDTREE_PROFILE=1 (it synchronizes at each phase
 boundary, so its tokens/s are not reported) for the round's time split: draft, tree build, verify, accept, commit,
-and the rest of each round (scheduler and host work between device work).
+host (the scheduler's work between two decode rounds, also given in us a round) and other (the batch's prefill and
+the requests' way through the engine).
 Writes DIR/engine_bench.json (a line per configuration) and DIR/engine_bench.md.
 """
 
@@ -57,6 +59,9 @@ def _parser() -> argparse.ArgumentParser:
 def engine_config(name: str, args) -> tuple[dict, dict]:
     """(sglang.Engine kwargs, environment) of a configuration name (module docstring)."""
     engine, env = dict(model_path=args.model_path), {}
+    if name.startswith("ddtree") and name.endswith("-overlap"):
+        env["KDTREE_DDTREE_OVERLAP"] = "1"
+        name = name.removesuffix("-overlap")
     kdtree = name.endswith("-kdtree") or name.startswith("ddtree")
     algorithm = name.removesuffix("-kdtree")
     if kdtree:
@@ -83,7 +88,7 @@ def engine_config(name: str, args) -> tuple[dict, dict]:
                       speculative_draft_model_path=_need(args.draft_model_path, "--draft-model-path"))
     else:
         raise ValueError(f"--configs: unknown configuration {name!r} (none, ngram, eagle, dflash, each optionally "
-                         f"with -kdtree, or ddtreeN)")
+                         f"with -kdtree, or ddtreeN, optionally with -overlap)")
     engine.update(json.loads(args.engine_args))
     return engine, env
 
@@ -141,10 +146,12 @@ def stats_delta(before: dict | None, after: dict | None) -> dict | None:
     """The DDTREE worker's counters over one timed batch (they accumulate over the engine's life)."""
     if not after:
         return None
-    delta = dict(after, rounds=after["rounds"] - before["rounds"])
+    delta = dict(after)
+    for counter in ("rounds", "published", "drafts_accepted", "host_gaps"):
+        if counter in after:
+            delta[counter] = after[counter] - before.get(counter, 0)
     if after.get("profiled"):
-        delta["drafts_accepted"] = after["drafts_accepted"] - before["drafts_accepted"]
-        delta["seconds"] = {p: after["seconds"][p] - before["seconds"][p] for p in after["seconds"]}
+        delta["seconds"] = {p: after["seconds"][p] - before["seconds"].get(p, 0.0) for p in after["seconds"]}
     return delta
 
 
@@ -178,14 +185,22 @@ def run_config(name: str, args, out: Path, profile: bool = False) -> dict:
 
 
 def time_split(ddtree: dict | None, seconds: float) -> dict | None:
-    """Share of a profiled batch's wall time per phase (its stats_delta), the rest being host and scheduler time
-    between them."""
+    """Share of a profiled batch's wall time per phase (its stats_delta): the round's phases, `host` (the scheduler's
+    work between two decode rounds, ddtree_worker.PhaseClock) and `other`, the rest (the batch's prefill, the
+    request's way in and out of the engine)."""
     if not ddtree or not ddtree.get("profiled") or not seconds:
         return None
     phases = ddtree["seconds"]
-    split = {p: phases.get(p, 0.0) / seconds for p in PHASES}
+    split = {p: phases.get(p, 0.0) / seconds for p in (*PHASES, "host")}
     split["other"] = max(0.0, 1.0 - sum(split.values()))
     return split
+
+
+def host_us_per_round(ddtree: dict | None) -> float | None:
+    """The scheduler's host time between two decode rounds, in microseconds a gap (a profiled stats_delta)."""
+    if not ddtree or not ddtree.get("profiled") or not ddtree.get("host_gaps"):
+        return None
+    return 1e6 * ddtree["seconds"].get("host", 0.0) / ddtree["host_gaps"]
 
 
 def markdown(records: list) -> str:
@@ -205,14 +220,18 @@ def markdown(records: list) -> str:
         lines.append(f"| {rec['config']} | " + " | ".join(cells) + " |")
     profiled = [r for r in records if r["profiled"] and r.get("ok")]
     if profiled:
-        lines += ["", "DDTREE round time split (profiled runs, largest batch; share of the batch's wall time):", "",
-                  "| configuration | " + " | ".join(PHASES) + " | other |", "|---|" + "---|" * (len(PHASES) + 1)]
+        columns = (*PHASES, "host", "other")
+        lines += ["", "DDTREE round time split (profiled runs, largest batch; share of the batch's wall time; host: "
+                  "the scheduler between two decode rounds, us a round):", "",
+                  "| configuration | " + " | ".join(columns) + " | host us/round |",
+                  "|---|" + "---|" * (len(columns) + 1)]
         for rec in profiled:
             row = max(rec["rows"], key=lambda r: r["batch"])
             split = time_split(row["ddtree"], row["seconds"])
             if split:
-                lines.append(f"| {rec['config']} | " + " | ".join(f"{100 * split[p]:.0f} %" for p in (*PHASES, "other"))
-                             + " |")
+                host_us = host_us_per_round(row["ddtree"])
+                lines.append(f"| {rec['config']} | " + " | ".join(f"{100 * split[p]:.0f} %" for p in columns)
+                             + f" | {'' if host_us is None else f'{host_us:.0f}'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -24,8 +24,13 @@ only the uncached suffix under the radix cache: the draft cache shares the targe
 Greedy requests are lossless (the output is the target's greedy decoding); sampled requests follow the target's
 own seeded sampling token for token (ddtree/sampling.py), penalties applied as SGLang applies them to verify
 logits; log-probs are returned for the accepted tokens (the rows of their nodes), as NGRAM returns them. The round
-runs in SGLang's synchronous (non-overlap) scheduler. Grammar-constrained requests are refused: DDTREE launches
-with `--grammar-backend none`, so SGLang aborts them with its own message and the server goes on.
+is SGLang's spec v2 worker step: by default the scheduler runs it synchronously (it copies the new lengths to the
+host after each round); with KDTREE_DDTREE_OVERLAP=1 it runs on the overlap scheduler: the round publishes the new
+lengths (`on_publish`, after accept and before the commit, as DFLASH does) and returns the carry SGLang relays
+through its FutureMap, and the next round's host lengths (`seq_lens_cpu`, which size the draft's prefix gather and
+kdtree's verify metadata) are what the scheduler copied once this round's publish point ran (examples/sglang/
+OVERLAP.md). Grammar-constrained requests are refused: DDTREE launches with `--grammar-backend none`, so SGLang
+aborts them with its own message and the server goes on.
 """
 
 from __future__ import annotations
@@ -63,14 +68,20 @@ def live_workers() -> list:
 
 class PhaseClock:
     """Wall time per round phase, only with KDTREE_DDTREE_PROFILE=1: it synchronizes the device at each phase
-    boundary (and reads the accepted counts), so it is for measuring, never for serving."""
+    boundary (and reads the accepted counts), so it is for measuring, never for serving. `host` is the time from
+    one decode round's end to the next one's start when no prefill ran between them: the scheduler's work between
+    two rounds (results to the host, output processing, the next batch's preparation), which the synchronous
+    scheduler adds to every round and the overlap scheduler runs while the device works; `host_gaps` counts them.
+    `published` counts the rounds that published their lengths (`on_publish`: SGLang passes it on the overlap
+    scheduler only), counted whether or not profiling is on."""
 
     def __init__(self, device):
         self.enabled = os.environ.get(PROFILE_ENV, "") == "1"
         self.device = torch.device(device)
-        self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.rounds = self.drafts_accepted = 0
+        self.seconds = dict.fromkeys((*PHASES, "host"), 0.0)
+        self.rounds = self.drafts_accepted = self.host_gaps = self.published = 0
         self._last = 0.0
+        self._round_end: float | None = None  # the last decode round's end, until a prefill runs
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -80,6 +91,9 @@ class PhaseClock:
     def start(self) -> None:
         if self.enabled:
             self._last = self._now()
+            if self._round_end is not None:
+                self.seconds["host"] += self._last - self._round_end
+                self.host_gaps += 1
 
     def lap(self, phase: str) -> None:
         if self.enabled:
@@ -87,15 +101,21 @@ class PhaseClock:
             self.seconds[phase] += now - self._last
             self._last = now
 
-    def end(self, accept_len: torch.Tensor) -> None:
+    def end(self, accept_len: torch.Tensor, published: bool) -> None:
         self.rounds += 1
+        self.published += int(published)
         if self.enabled:
             self.drafts_accepted += int(accept_len.sum())
+            self._round_end = self._now()
+
+    def prefill(self) -> None:
+        """A prefill ran: the next round's start does not close a gap between two decode rounds."""
+        self._round_end = None
 
     def stats(self) -> dict:
-        out = {"rounds": self.rounds, "profiled": self.enabled}
+        out = {"rounds": self.rounds, "published": self.published, "profiled": self.enabled}
         if self.enabled:
-            out.update(drafts_accepted=self.drafts_accepted, seconds=dict(self.seconds))
+            out.update(drafts_accepted=self.drafts_accepted, host_gaps=self.host_gaps, seconds=dict(self.seconds))
         return out
 
 
@@ -177,6 +197,7 @@ class DDTreeWorker(BaseSpecWorker):
             raise ValueError("DDTREE does not verify grammar-constrained requests (json_schema, regex, ebnf)")
 
     def _prefill(self, batch, on_publish):
+        self.clock.prefill()
         out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         hidden = out.logits_output.hidden_states
         if hidden is None:
@@ -198,6 +219,8 @@ class DDTreeWorker(BaseSpecWorker):
         bs, n = len(batch.reqs), self.num_tree_tokens
         bonus = batch.spec_info.bonus_tokens
         prefix = batch.seq_lens
+        if prefix.device.type == "cuda":  # overlap: gathered from the FutureMap on the schedule stream
+            prefix.record_stream(torch.cuda.current_stream(prefix.device))
         req_to_token = self.req_to_token_pool.req_to_token
         self.clock.start()
         # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
@@ -229,6 +252,10 @@ class DDTreeWorker(BaseSpecWorker):
             node_rows = torch.arange(bs, device=self.device)[:, None] * n + accepted
             compute_spec_logprobs(batch, logits_output, targets.reshape(-1),
                                   accept_index=torch.where(accepted >= 0, node_rows, -1))
+        accept_lens = (accept_len + 1).to(torch.int32)
+        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
+        if on_publish is not None:  # overlap: the next round's lengths, published before the commit (as DFLASH)
+            on_publish(new_seq_lens)
         self.clock.lap("accept")
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
@@ -245,13 +272,9 @@ class DDTreeWorker(BaseSpecWorker):
         logits_output.hidden_states = None
         # 6. the accepted drafts then the bonus token, D + 1 per request
         emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens)
-        accept_lens = (accept_len + 1).to(torch.int32)
-        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
         batch.forward_mode = ForwardMode.DECODE
         self.clock.lap("commit")
-        self.clock.end(accept_len)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
+        self.clock.end(accept_len, published=on_publish is not None)
         return GenerationBatchResult(
             logits_output=logits_output, next_token_ids=emitted.reshape(-1), accept_lens=accept_lens,
             can_run_cuda_graph=out.can_run_cuda_graph, new_seq_lens=new_seq_lens,
