@@ -4,6 +4,9 @@
 #   . gpu/setup.sh && bash examples/gpu_suite.sh RESULTS_DIR [PART ...]
 #   . gpu-engine/setup.sh compile_tests/sglang_gpu/stand_in --no-jit && bash examples/gpu_suite.sh RESULTS_DIR engine
 #
+# On the lent machine, where at most 8 files under $OUT come back, write RESULTS_DIR outside $OUT and pack it:
+#   bash examples/gpu_suite.sh /tmp/r PART...; tar czf "$OUT/results.tgz" -C /tmp/r .
+#
 # Run from the repository root on the GPU machine. The parts (default: the first three, in this order):
 #   native    build the library (JIT, this GPU's arch, with its time); pytest -m cuda over compile_tests (CUDA
 #             numerics incl. fp8 caches, CUDA graphs, reduce-overhead, opcheck, the DDTree ops and loop, the
