@@ -22,8 +22,10 @@ d. sampling: temperature 0.7 with a seed, a greedy request in the same batch: th
    mode, the only one that passes per-request seeds to the sampler, needs CUDA or XPU, "No supported accelerator".)
    A best-first tree and a top-1 chain emit the same tokens;
 e. refusals: a grammar-constrained request is aborted with SGLang's message and the server goes on; a bad
-   KDTREE_DDTREE_TOPK or a missing draft path fail at launch, naming the fix; so does a verify that would not run
-   the op (KDTREE_VERIFY=off over the intel_amx base, --attention-backend intel_amx), which gave wrong tokens.
+   KDTREE_DDTREE_TOPK, a missing draft path or a node budget the drafter cannot fill (KDTREE_DDTREE_TOPK=1, 16
+   tokens, block 8: it launched, then died in its first round) fail at launch, naming the fix; so does a verify
+   that would not run the op (KDTREE_VERIFY=off over the intel_amx base, --attention-backend intel_amx), which gave
+   wrong tokens.
 Token equality does not hinge on near-ties: every compared greedy token's margin in the reference is at least
 MIN_MARGIN.
 """
@@ -320,7 +322,10 @@ def test_a_grammar_request_is_refused_and_the_server_goes_on(host, models, refer
     ({}, {"KDTREE_DDTREE_TOPK": "0"}, "KDTREE_DDTREE_TOPK must be a positive integer"),
     ({"speculative_draft_model_path": None}, {}, "needs --speculative-draft-model-path"),
     ({"speculative_num_draft_tokens": 1025}, {}, r"must be in \[2, 1024\]"),
-], ids=["topk", "draft-path", "width"])
+    ({"speculative_num_draft_tokens": 16}, {"KDTREE_DDTREE_TOPK": "1"},
+     r"--speculative-num-draft-tokens 16 asks for 15 draft nodes.* KDTREE_DDTREE_TOPK=1 .* 7 drafted positions "
+     r"\(block_size 8\).* only 7 paths.*fix: --speculative-num-draft-tokens <= 8, or KDTREE_DDTREE_TOPK >= 2"),
+], ids=["topk", "draft-path", "width", "unfillable-budget"])
 def test_bad_launch_arguments_fail_naming_the_fix(host, models, engine, env, message):
     with pytest.raises(EngineError, match=message):
         host.start(models["target"], env=env, **{**ddtree(models), **engine})

@@ -66,6 +66,22 @@ def _refuse_variants(config, draft_cfg) -> None:
                          "a block's undrafted positions carry)")
 
 
+def _block_size(draft_cfg) -> int:
+    """The block a DFlash config drafts (SGLang's default 16), which needs the bonus token and a drafted position."""
+    block_size = int(draft_cfg.resolve_block_size(default=16))
+    if block_size < 2:
+        raise ValueError(f"DDTREE needs a DFlash block_size >= 2 (the bonus token and at least one drafted position), "
+                         f"the checkpoint has {block_size}")
+    return block_size
+
+
+def draft_block_size(path: str) -> int:
+    """The block size of the draft checkpoint at `path` (its config alone: read at launch, before any weights)."""
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+
+    return _block_size(parse_dflash_draft_config(draft_hf_config=_load_config(path)))
+
+
 class DFlashDrafter:
     """The draft model, its K/V cache over the target's slots, and one block forward (`propose`)."""
 
@@ -82,10 +98,7 @@ class DFlashDrafter:
         config = _load_config(path)
         draft_cfg = parse_dflash_draft_config(draft_hf_config=config)
         _refuse_variants(config, draft_cfg)
-        self.block_size = int(draft_cfg.resolve_block_size(default=16))
-        if self.block_size < 2:
-            raise ValueError(f"DDTREE needs a DFlash block_size >= 2 (the bonus token and at least one drafted "
-                             f"position), the checkpoint has {self.block_size}")
+        self.block_size = _block_size(draft_cfg)
         self.mask_token_id = int(draft_cfg.mask_token_id)
         self.target_layer_ids = list(draft_cfg.resolve_target_layer_ids(
             target_num_layers=target_num_layers, draft_num_layers=int(config.num_hidden_layers)))
