@@ -10,7 +10,8 @@ Shown, over four requests of different lengths, greedy, `ignore_eos`:
 a. DDTREE's output equals the engine's without speculation, token for token, radix cache on (a second round
    reuses cached prefixes, whose draft K/V the draft cache kept) and off with chunked prefill (16-token chunks);
    drafts are accepted but not all of them (0 < accepted drafts per verify < 7); every verify layer of every
-   round ran the op (counted in Python and, KDTREE_VERIFY_COUNT=1, on the device);
+   round ran the op (counted in Python and, KDTREE_VERIFY_COUNT=1, on the device); the draft cache is sized inside
+   SGLang's KV budget (and the drafter's weights load before SGLang measures the memory left);
 b. the tree beats the chain: the same drafter as a chain of top-1 picks (KDTREE_DDTREE_TOPK=1, DFLASH's block)
    accepts fewer drafts per verify;
 c. log-probs come back for the accepted tokens, equal to the non-speculative run's;
@@ -22,8 +23,10 @@ d. sampling: temperature 0.7 with a seed, a greedy request in the same batch: th
    mode, the only one that passes per-request seeds to the sampler, needs CUDA or XPU, "No supported accelerator".)
    A best-first tree and a top-1 chain emit the same tokens;
 e. refusals: a grammar-constrained request is aborted with SGLang's message and the server goes on; a bad
-   KDTREE_DDTREE_TOPK or a missing draft path fail at launch, naming the fix; so does a verify that would not run
-   the op (KDTREE_VERIFY=off over the intel_amx base, --attention-backend intel_amx), which gave wrong tokens.
+   KDTREE_DDTREE_TOPK, a missing draft path or a node budget the drafter cannot fill (KDTREE_DDTREE_TOPK=1, 16
+   tokens, block 8: it launched, then died in its first round) fail at launch, naming the fix; so does a verify
+   that would not run the op (KDTREE_VERIFY=off over the intel_amx base, --attention-backend intel_amx), which gave
+   wrong tokens.
 Token equality does not hinge on near-ties: every compared greedy token's margin in the reference is at least
 MIN_MARGIN.
 """
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -179,6 +183,23 @@ def test_the_op_served_every_verify_layer(radix):
     assert "DDTREE worker: trees of 16 tokens (budget 15), top-8 of 7 drafted positions" in radix["log"]
 
 
+def test_the_draft_cache_is_sized_inside_sglang_s_kv_budget(radix):
+    """The drafter's weights load before SGLang measures the memory left for the KV pools, SGLang's pool sizing
+    charged the draft cache (the plugin's hook on create_memory_pool_configurator: test_sglang_ddtree_memory.py), and
+    the cache the drafter allocated is what was charged: its bytes per slot, one row per target slot plus page_size
+    (1 here) and a scratch row. (The CPU runs cap the pool at max_total_tokens=4096, so the budget line shows the
+    profiled split and the pool the cap.)"""
+    log = radix["log"]
+    pool = re.search(r"KV Cache is allocated\. dtype: \S+, #tokens: (\d+)", log)
+    cache = re.search(r"DDTREE draft cache: (\d+) slots \+ 1 scratch, (\d+) bytes per slot \(budgeted (\d+)\)", log)
+    assert pool and cache, "no target pool or draft cache line in the log"
+    slots, per_slot, budgeted = map(int, cache.groups())
+    assert per_slot == budgeted == 2 * 1 * ddtree_models.TOY.draft_heads * 128 * 4  # K, V x 1 layer, float32
+    assert slots == int(pool.group(1)) + 1
+    assert "DDTREE KV budget: " in log
+    assert log.index("DDTREE DFlash drafter: ") < log.index("KV Cache is allocated"), "draft weights loaded after"
+
+
 # ---- b. tree against chain ------------------------------------------------------------------------------------
 
 
@@ -320,7 +341,10 @@ def test_a_grammar_request_is_refused_and_the_server_goes_on(host, models, refer
     ({}, {"KDTREE_DDTREE_TOPK": "0"}, "KDTREE_DDTREE_TOPK must be a positive integer"),
     ({"speculative_draft_model_path": None}, {}, "needs --speculative-draft-model-path"),
     ({"speculative_num_draft_tokens": 1025}, {}, r"must be in \[2, 1024\]"),
-], ids=["topk", "draft-path", "width"])
+    ({"speculative_num_draft_tokens": 16}, {"KDTREE_DDTREE_TOPK": "1"},
+     r"--speculative-num-draft-tokens 16 asks for 15 draft nodes.* KDTREE_DDTREE_TOPK=1 .* 7 drafted positions "
+     r"\(block_size 8\).* only 7 paths.*fix: --speculative-num-draft-tokens <= 8, or KDTREE_DDTREE_TOPK >= 2"),
+], ids=["topk", "draft-path", "width", "unfillable-budget"])
 def test_bad_launch_arguments_fail_naming_the_fix(host, models, engine, env, message):
     with pytest.raises(EngineError, match=message):
         host.start(models["target"], env=env, **{**ddtree(models), **engine})

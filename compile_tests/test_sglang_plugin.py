@@ -86,8 +86,11 @@ def _spawned_load_plugins(queue) -> None:
         ddtree = SpeculativeAlgorithm.from_string("ddtree")
         from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
 
+        from sglang.srt.model_executor import pool_configurator
+
         queue.put({
             "graph_spec_info_hooked": getattr(DecodeCudaGraphRunner.get_spec_info, "__wrapped__", None) is not None,
+            "pool_sizing_hooked": hasattr(pool_configurator.create_memory_pool_configurator, "__wrapped__"),
             "ddtree": [type(ddtree).__name__, ddtree.name, ddtree.is_speculative(), ddtree.is_dflash()],
             "registered": factory is not None,
             "factory": f"{factory.__module__}.{factory.__qualname__}" if factory else None,
@@ -136,6 +139,8 @@ def test_spawned_process_load_plugins_registers_kdtree():
     # decode graphs are captured with its spec info (the AFTER hook on DecodeCudaGraphRunner.get_spec_info).
     assert result["ddtree"] == ["DDTreeAlgorithm", "DDTREE", True, False]
     assert result["graph_spec_info_hooked"]
+    # Its draft cache is charged to the KV budget (the AFTER hook on create_memory_pool_configurator).
+    assert result["pool_sizing_hooked"]
 
 
 def test_launch_server_help_lists_kdtree():

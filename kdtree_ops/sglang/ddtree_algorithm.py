@@ -7,7 +7,9 @@ returning the worker class (imported only when a scheduler builds the worker) an
 - `--speculative-draft-model-path`: a DFlash draft checkpoint (required);
 - `--speculative-num-draft-tokens N`: the verify width, the root plus a node budget of N - 1 draft tokens
   (2 <= N <= 1024: the verify op's trees); default 64;
-- the top-k per drafted position: `KDTREE_DDTREE_TOPK` (default 8), read by the worker;
+- the top-k per drafted position: `KDTREE_DDTREE_TOPK` (default 8), read by the worker; a budget the drafter cannot
+  fill (`check_node_budget`: N - 1 > sum_{d=1..K} k^d, K = the draft config's block_size - 1) is refused here, in
+  the launching process before any model loads (a scheduler's failure would take the launcher down with SIGQUIT);
 - grammar-constrained requests are refused: `--grammar-backend none` (SGLang aborts each such request with
   its own message; the server goes on);
 - overlap scheduling (SGLang's spec v2 loop: the host schedules round n+1 while the device runs round n) only with
@@ -51,6 +53,27 @@ def ddtree_topk() -> int:
     return topk
 
 
+def check_node_budget(num_draft_tokens: int, topk: int, block_size: int) -> None:
+    """Raises, naming both settings and the fix, when the drafter cannot fill the node budget.
+
+    A tree holds the root and N - 1 draft nodes (N = --speculative-num-draft-tokens); its draft nodes are distinct
+    paths over the K = block_size - 1 drafted positions with `topk` candidates each, so at most sum_{d=1..K} k^d of
+    them exist (ddtree_build_tree refuses a larger budget: in the first round, killing the engine). Pure: called by
+    resolve_ddtree_server_args with the draft config's block_size."""
+    from ..shapes import build_tree_path_count
+
+    drafted, budget = block_size - 1, num_draft_tokens - 1
+    paths = build_tree_path_count(drafted, topk)
+    if budget <= paths:
+        return
+    smallest_topk = next(k for k in range(topk + 1, budget + 1) if build_tree_path_count(drafted, k) >= budget)
+    raise ValueError(
+        f"DDTREE cannot fill its trees: --speculative-num-draft-tokens {num_draft_tokens} asks for {budget} draft "
+        f"nodes per tree, but with {TOPK_ENV}={topk} candidates at each of the drafter's {drafted} drafted positions "
+        f"(block_size {block_size}) there are only {paths} paths (sum over d = 1..{drafted} of {topk}^d); fix: "
+        f"--speculative-num-draft-tokens <= {paths + 1}, or {TOPK_ENV} >= {smallest_topk}")
+
+
 def ddtree_overlap() -> bool:
     """Whether DDTREE runs on SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1; unset or 0: synchronous)."""
     raw = os.environ.get(OVERLAP_ENV, "0")
@@ -73,7 +96,10 @@ def resolve_ddtree_server_args(server_args) -> None:
     if not 2 <= int(tokens) <= MAX_VERIFY_TOKENS:
         raise ValueError(f"--speculative-num-draft-tokens for DDTREE is the verify width (the root plus the node "
                          f"budget) and must be in [2, {MAX_VERIFY_TOKENS}], got {tokens}")
-    ddtree_topk()  # a bad KDTREE_DDTREE_TOPK fails at launch, not in the first round
+    from .dflash_drafter import draft_block_size
+
+    # a bad KDTREE_DDTREE_TOPK, or a budget the drafter cannot fill, fails here, not in the first round
+    check_node_budget(int(tokens), ddtree_topk(), draft_block_size(server_args.speculative_draft_model_path))
     server_args.speculative_num_draft_tokens = int(tokens)
     server_args.speculative_num_steps = 1
     server_args.speculative_eagle_topk = 1

@@ -50,6 +50,7 @@ from sglang.srt.utils.common import async_h2d
 
 from .. import ddtree
 from ..ddtree.sampling import SamplingParams
+from . import ddtree_memory
 from .ddtree_algorithm import ddtree_topk
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
@@ -148,9 +149,27 @@ class DDTreeWorker(BaseSpecWorker):
         self.budget = self.num_tree_tokens - 1
         self.topk = ddtree_topk()
         self.draft_path = get_spec().speculative_draft_model_path
-        self.drafter: DFlashDrafter | None = None  # built with the target's pools (alloc_memory_pool)
+        # The drafter's weights load now, before SGLang measures the memory left for the KV pools (as DFLASH's draft
+        # worker's do); its cache is charged by that sizing (ddtree_memory.py) and allocated in alloc_memory_pool.
+        runner = self.model_runner
+        target = runner.model
+        num_layers = int(runner.model_config.num_hidden_layers)
+        self.drafter = DFlashDrafter(self.draft_path, target, target_num_layers=num_layers, device=self.device,
+                                     dtype=runner.dtype)
+        if not hasattr(target, "set_dflash_layers_to_capture"):
+            raise ValueError(f"DDTREE: the target model {type(target).__name__} cannot capture the hidden states a "
+                             f"DFlash drafter reads (no set_dflash_layers_to_capture)")
+        if max(self.drafter.target_layer_ids) + 1 >= num_layers:
+            raise ValueError(f"DDTREE: the draft's dflash_config.target_layer_ids {self.drafter.target_layer_ids} "
+                             f"must be below the target's last layer ({num_layers - 1}): SGLang captures layer i's "
+                             f"output at layer i + 1's input")
+        target.set_dflash_layers_to_capture(self.drafter.target_layer_ids)
+        self.max_depth = min(self.drafter.block_size - 1, self.budget)
         self.clock = PhaseClock(self.device)
         _LIVE.append(weakref.ref(self))
+        logger.info("DDTREE worker: trees of %d tokens (budget %d), top-%d of %d drafted positions, paths up to %d "
+                    "drafts", self.num_tree_tokens, self.budget, self.topk, self.drafter.block_size - 1,
+                    self.max_depth)
 
     def stats(self) -> dict:
         """Rounds run, and with KDTREE_DDTREE_PROFILE=1 accepted drafts and seconds per phase (get_server_info)."""
@@ -162,25 +181,12 @@ class DDTreeWorker(BaseSpecWorker):
 
     def alloc_memory_pool(self, **kwargs):
         self.req_to_token_pool, self.token_to_kv_pool_allocator = self._target_worker.get_memory_pool()
-        runner = self.model_runner
-        target = runner.model
-        pool = runner.token_to_kv_pool
-        self.drafter = DFlashDrafter(self.draft_path, target, num_slots=int(pool.size) + int(pool.page_size),
-                                     target_num_layers=int(runner.model_config.num_hidden_layers),
-                                     device=self.device, dtype=runner.dtype)
-        if not hasattr(target, "set_dflash_layers_to_capture"):
-            raise ValueError(f"DDTREE: the target model {type(target).__name__} cannot capture the hidden states a "
-                             f"DFlash drafter reads (no set_dflash_layers_to_capture)")
-        num_layers = int(runner.model_config.num_hidden_layers)
-        if max(self.drafter.target_layer_ids) + 1 >= num_layers:
-            raise ValueError(f"DDTREE: the draft's dflash_config.target_layer_ids {self.drafter.target_layer_ids} "
-                             f"must be below the target's last layer ({num_layers - 1}): SGLang captures layer i's "
-                             f"output at layer i + 1's input")
-        target.set_dflash_layers_to_capture(self.drafter.target_layer_ids)
-        self.max_depth = min(self.drafter.block_size - 1, self.budget)
-        logger.info("DDTREE worker: trees of %d tokens (budget %d), top-%d of %d drafted positions, paths up to %d "
-                    "drafts", self.num_tree_tokens, self.budget, self.topk, self.drafter.block_size - 1,
-                    self.max_depth)
+        pool = self.model_runner.token_to_kv_pool
+        budgeted = ddtree_memory.budgeted_bytes_per_slot()
+        if budgeted is None:
+            raise RuntimeError(f"DDTREE: SGLang sized the KV pool without the draft cache (the kdtree plugin's hook "
+                               f"on {ddtree_memory.TARGET} did not run in this process; its log says why)")
+        self.drafter.allocate_cache(num_slots=int(pool.size) + int(pool.page_size), budgeted_bytes_per_slot=budgeted)
 
     # ---- one scheduler step ------------------------------------------------------------------------------
 

@@ -66,12 +66,42 @@ def _refuse_variants(config, draft_cfg) -> None:
                          "a block's undrafted positions carry)")
 
 
+def _block_size(draft_cfg) -> int:
+    """The block a DFlash config drafts (SGLang's default 16), which needs the bonus token and a drafted position."""
+    block_size = int(draft_cfg.resolve_block_size(default=16))
+    if block_size < 2:
+        raise ValueError(f"DDTREE needs a DFlash block_size >= 2 (the bonus token and at least one drafted position), "
+                         f"the checkpoint has {block_size}")
+    return block_size
+
+
+def draft_block_size(path: str) -> int:
+    """The block size of the draft checkpoint at `path` (its config alone: read at launch, before any weights)."""
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+
+    return _block_size(parse_dflash_draft_config(draft_hf_config=_load_config(path)))
+
+
+def draft_cache_bytes_per_slot(path: str, tp_size: int, dtype: torch.dtype) -> int:
+    """Bytes per slot of the draft cache of the checkpoint at `path` on one of `tp_size` ranks, in `dtype` (the
+    target's): K and V of every draft layer, with the heads per rank and head size of SGLang's DFlashAttention
+    (models/dflash.py). Known from the config alone, so SGLang's pool sizing can charge it before the drafter exists;
+    `DFlashDrafter.allocate_cache` checks the cache it builds against it."""
+    config = _load_config(path)
+    heads = int(config.num_attention_heads)
+    kv_heads = max(1, int(getattr(config, "num_key_value_heads", heads)) // int(tp_size))
+    head_dim = int(getattr(config, "head_dim", int(config.hidden_size) // heads))
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * int(config.num_hidden_layers) * kv_heads * head_dim * element
+
+
 class DFlashDrafter:
     """The draft model, its K/V cache over the target's slots, and one block forward (`propose`)."""
 
-    def __init__(self, path: str, target_model, num_slots: int, target_num_layers: int, device, dtype):
+    def __init__(self, path: str, target_model, target_num_layers: int, device, dtype):
         """path: the draft checkpoint folder; target_model: the target's nn.Module (its embedding and lm_head are
-        used); num_slots: the target KV pool's slot count (the draft cache adds one scratch slot after them)."""
+        used). Loads the weights only: built before SGLang sizes its pools, so they are resident when it measures
+        the memory left (as DFLASH's draft worker's are); `allocate_cache` follows once the target's pool exists."""
         from safetensors.torch import load_file
         from sglang.srt.models.dflash import DFlashDraftModel
         from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
@@ -82,10 +112,7 @@ class DFlashDrafter:
         config = _load_config(path)
         draft_cfg = parse_dflash_draft_config(draft_hf_config=config)
         _refuse_variants(config, draft_cfg)
-        self.block_size = int(draft_cfg.resolve_block_size(default=16))
-        if self.block_size < 2:
-            raise ValueError(f"DDTREE needs a DFlash block_size >= 2 (the bonus token and at least one drafted "
-                             f"position), the checkpoint has {self.block_size}")
+        self.block_size = _block_size(draft_cfg)
         self.mask_token_id = int(draft_cfg.mask_token_id)
         self.target_layer_ids = list(draft_cfg.resolve_target_layer_ids(
             target_num_layers=target_num_layers, draft_num_layers=int(config.num_hidden_layers)))
@@ -96,6 +123,7 @@ class DFlashDrafter:
             raise FileNotFoundError(f"DDTREE: no *.safetensors weights in the draft checkpoint {path}")
         model.load_weights((name, w) for f in files for name, w in load_file(f).items())
         self.model = model.to(device=device, dtype=dtype).eval()
+        self.cache_dtype, self.device = dtype, torch.device(device)
         self.embed = target_model.get_input_embeddings() if hasattr(target_model, "get_input_embeddings") \
             else target_model.model.embed_tokens
         self.embed_scale = float(target_model.get_dflash_noise_embedding_scale()) \
@@ -105,16 +133,36 @@ class DFlashDrafter:
         self.vocab = vocab_shard(target_model.lm_head, self.vocab_size)
         attn = self.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
-        shape = (num_slots + 1, self.num_kv_heads, self.head_dim)
-        self.k_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.model.layers]
-        self.v_cache = [torch.zeros(shape, dtype=dtype, device=device) for _ in self.model.layers]
-        self.scratch_slot = num_slots
+        self.k_cache: list[torch.Tensor] = []
+        self.v_cache: list[torch.Tensor] = []
         self._block_masks: dict[int, torch.Tensor] = {}
-        cache_gib = 2 * len(self.k_cache) * self.k_cache[0].numel() * self.k_cache[0].element_size() / 2**30
         logger.info("DDTREE DFlash drafter: %d layers, block size %d (%d drafted positions), mask token %d, target "
-                    "layers %s, draft cache %d slots (%.3f GiB, outside --mem-fraction-static's accounting)",
-                    len(self.model.layers), self.block_size, self.block_size - 1, self.mask_token_id,
-                    self.target_layer_ids, num_slots, cache_gib)
+                    "layers %s", len(self.model.layers), self.block_size, self.block_size - 1, self.mask_token_id,
+                    self.target_layer_ids)
+
+    @property
+    def cache_bytes_per_slot(self) -> int:
+        """Bytes of one slot of the draft cache as this drafter allocates it: K and V of every draft layer."""
+        element = torch.empty((), dtype=self.cache_dtype).element_size()
+        return 2 * len(self.model.layers) * self.num_kv_heads * self.head_dim * element
+
+    def allocate_cache(self, num_slots: int, budgeted_bytes_per_slot: int | None) -> None:
+        """The draft K/V of every target slot, plus one scratch slot after them (rows to drop are written there).
+
+        num_slots: the target KV pool's slot count; budgeted_bytes_per_slot: what SGLang's pool sizing charged for
+        a slot of this cache (ddtree_memory.py), None where no DDTREE sizing ran. A cache larger than its budget
+        would take the activations' headroom, so it is refused, naming both."""
+        per_slot = self.cache_bytes_per_slot
+        if budgeted_bytes_per_slot is not None and per_slot > budgeted_bytes_per_slot:
+            raise RuntimeError(f"DDTREE: the draft cache takes {per_slot} bytes per slot but SGLang's pool sizing "
+                               f"charged {budgeted_bytes_per_slot} (dflash_drafter.draft_cache_bytes_per_slot)")
+        shape = (num_slots + 1, self.num_kv_heads, self.head_dim)
+        self.k_cache = [torch.zeros(shape, dtype=self.cache_dtype, device=self.device) for _ in self.model.layers]
+        self.v_cache = [torch.zeros(shape, dtype=self.cache_dtype, device=self.device) for _ in self.model.layers]
+        self.scratch_slot = num_slots
+        logger.info("DDTREE draft cache: %d slots + 1 scratch, %d bytes per slot (budgeted %s), %.3f GiB, inside "
+                    "--mem-fraction-static's KV budget", num_slots, per_slot, budgeted_bytes_per_slot,
+                    (num_slots + 1) * per_slot / 2**30)
 
     # ---- the draft cache ---------------------------------------------------------------------------------
 

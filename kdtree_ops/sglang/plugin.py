@@ -28,6 +28,10 @@ pyproject.toml. `register()`:
   and hidden mode NULL, and every replay of a verify that asks for FULL hidden states failed SGLang's check. For a
   DDTREE target the hook answers DDTREE's capture spec info (ddtree_spec_info.DDTreeVerifyInput.for_capture:
   hidden mode FULL, a packed mask of the capture's shape); other runners keep SGLang's answer;
+- registers one HookRegistry AFTER hook on `create_memory_pool_configurator`: SGLang charges a DFLASH draft pool's
+  bytes per token to the target's KV budget only for its own DFLASH family; for a DDTREE target the hook wraps the
+  configurator so that the target's pool and DDTREE's draft cache share what --mem-fraction-static leaves
+  (ddtree_memory.py); other runners keep SGLang's configurator;
 - registers one HookRegistry AFTER hook on the scheduler's `get_internal_state`: the answer gains `kdtree`, the
   status of each kdtree backend of that scheduler process (base, mode, verify steps, op and base calls per
   layer, fall-backs, validate statistics), `ddtree`, the stats of each DDTREE worker (rounds; with
@@ -219,6 +223,10 @@ def register() -> None:
         HookRegistry.register(CONFIGURE_LOGGER_TARGET, log_status_once, HookType.AFTER)
         HookRegistry.register(INTERNAL_STATE_TARGET, internal_state_hook, HookType.AFTER)
         HookRegistry.register(DECODE_GRAPH_SPEC_INFO_TARGET, ddtree_capture_spec_info_hook, HookType.AFTER)
+        from .ddtree_memory import TARGET as POOL_CONFIGURATOR_TARGET
+        from .ddtree_memory import ddtree_pool_configurator_hook
+
+        HookRegistry.register(POOL_CONFIGURATOR_TARGET, ddtree_pool_configurator_hook, HookType.AFTER)
     except Exception as exc:
         # All or nothing: a CLI choice without its factory would fail later, far from the cause.
         for undo in reversed(added):
