@@ -302,7 +302,7 @@ struct LevelsBuild {
     __syncthreads();  // the remap is whole, and every read of the old nodes is done
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      if (pl.s_new[j] < 0) continue;
+      if (pl.s_new[j] < 0 || pl.s_new[j] >= capacity) continue;  // >= C: only for rows the contract forbids
       const uint32_t p = st.meta[j] >> 16;
       t.score[pl.s_new[j]] = st.s[j];
       t.meta[pl.s_new[j]] = (p == kRootParent ? p : t.remap[p]) << 16 | (st.meta[j] & 0xFFFFu);
@@ -311,13 +311,13 @@ struct LevelsBuild {
     for (int j = 0; j < kItems; ++j) {
       if (pl.v_keep[j] == 0) continue;
       const uint32_t parent = d == 0 ? kRootParent : t.remap[level_begin + par.first + j];
-      for (int r = 0, o = pl.v_at[j]; r < pl.v_keep[j]; ++r, ++o) {
+      for (int r = 0, o = pl.v_at[j]; r < pl.v_keep[j] && o < capacity; ++r, ++o) {
         t.score[o] = __fadd_rn(par.s[j], row[r]);
         t.meta[o] = pack_meta(parent, d + 1, r);
       }
     }
-    level_begin = pl.s_total;
-    stored = pl.s_total + pl.v_total;
+    level_begin = min(pl.s_total, capacity);
+    stored = min(pl.s_total + pl.v_total, capacity);
     threshold = max(threshold, c.u + 1);
   }
 
@@ -368,7 +368,7 @@ struct LevelsBuild {
     const Placement pl = place(st, none, nullptr, c);
 #pragma unroll
     for (int j = 0; j < kItems; ++j) {
-      if (pl.s_new[j] >= 0)
+      if (pl.s_new[j] >= 0 && pl.s_new[j] < budget)
         keys[pl.s_new[j]] = static_cast<uint64_t>(~ddtree_score_key(st.s[j])) << 32 | static_cast<uint32_t>(st.first + j);
     }
     __syncthreads();
@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 1) build_levels_kernel(
     for (int i = 0; i < 2; ++i) {
       const int j = threadIdx.x + i * kThreads;
       if (j >= budget) break;
-      node_of[i] = static_cast<uint32_t>(keys[j]);
+      node_of[i] = min(static_cast<uint32_t>(keys[j]), static_cast<uint32_t>(capacity - 1));  // see below
       build.t.remap[node_of[i]] = static_cast<uint16_t>(j + 1);
     }
     __syncthreads();  // the output numbering is whole; the keys are read
@@ -465,8 +465,11 @@ __global__ void __launch_bounds__(kThreads, 1) build_levels_kernel(
     const uint32_t meta = build.t.meta[node_of[i]];
     const uint32_t p = meta >> 16;
     const int depth = static_cast<int>((meta >> 8) & 0xFFu), rank = static_cast<int>(meta & 0xFFu);
-    const int parent = p == kRootParent ? 0 : build.t.remap[p];
-    tree_tokens[out + j + 1] = request_tokens[(depth - 1) * top_k + rank];
+    // The clamps change nothing for inputs the op takes (rows sorted descending, <= 0: checked under
+    // KDTREE_OPS_DEBUG=1); for others they keep every access in bounds and the mask walk below finite.
+    const int parent = p == kRootParent || p >= static_cast<uint32_t>(capacity) ? 0 : min(static_cast<int>(build.t.remap[p]), j);
+    const int position = min(max(depth, 1), positions) - 1;
+    tree_tokens[out + j + 1] = request_tokens[position * top_k + min(rank, top_k - 1)];
     parents[out + j + 1] = parent;
     depths[out + j + 1] = depth;
     node_parent[j + 1] = parent;
