@@ -32,7 +32,8 @@ def kernel_header() -> str:
     assert BEGIN in source and END in source and SHARED_DECLARATION in source, (
         f"{KERNEL.name} no longer has the markers this harness cuts at: {BEGIN!r}, {END!r}, {SHARED_DECLARATION!r}")
     body = source[source.index(BEGIN):source.index(END)].replace(SHARED_DECLARATION, "char* smem = g_dynamic_smem;")
-    return ('#include "simt.h"\n#include "ddtree_order.h"\ninline char* g_dynamic_smem;  // the dynamic shared memory\n'
+    return ('#include "simt.h"\n#include "ddtree_order.h"\n#include "cuda/block_primitives.cuh"\n'
+            'inline char* g_dynamic_smem;  // the dynamic shared memory\n'
             + body + "}  // namespace\n}  // namespace kdtree::cuda\n")
 
 

@@ -24,6 +24,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "block_primitives.cuh"
 #include "ddtree_order.h"
 #include "launch_class.h"
 #include "smem_optin.cuh"
@@ -31,7 +32,6 @@
 namespace kdtree::cuda {
 namespace {
 
-constexpr unsigned kFullWarp = 0xffffffffu;
 constexpr int kItems = 4;            // stored nodes (and parents of a level) per thread, at most
 constexpr int kMaxCapacity = 4096;   // C's ceiling: kItems per thread of the 1024-thread configuration
 constexpr int kMaxBudget = 2047;     // the sort's scratch holds 2048 keys
@@ -132,46 +132,17 @@ __device__ int count_at_least(float s, const float* row, int limit, uint32_t t) 
   return lo;
 }
 
-// One bin (-1: none) per lane of a converged warp; one shared-memory atomic per distinct bin (the first pass puts
-// most keys in a few bins: per-lane atomics would serialize).
-__device__ void hist_add(uint32_t* hist, int bin) {
-  const unsigned peers = __match_any_sync(kFullWarp, bin);
-  if (bin >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-}
-
 template <int kThreads>
 struct LevelsBuild {
-  static constexpr int kWarps = kThreads / 32;
   LevelsSmem t;
   Control* ctl;
+  BlockScan<kThreads> scanner;
   int positions, top_k, budget, capacity, target;
   // Block-uniform state: every thread computes the same values from block-wide results.
-  int stored = 0, level_begin = 0, parity = 0;
+  int stored = 0, level_begin = 0;
   uint32_t threshold = 1;  // every key passes (the smallest, -inf's, is 0x007FFFFF)
 
-  // Exclusive prefix sum of one value per thread (thread order); *total: the sum. All threads, uniformly.
-  __device__ int scan(int value, int* total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int inclusive = value;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int v = __shfl_up_sync(kFullWarp, inclusive, o);
-      if (lane >= o) inclusive += v;
-    }
-    int* sums = ctl->scan[parity];
-    parity ^= 1;
-    if (lane == 31) sums[warp] = inclusive;
-    __syncthreads();
-    int w = lane < kWarps ? sums[lane] : 0;
-#pragma unroll
-    for (int o = 1; o < kWarps; o <<= 1) {
-      const int v = __shfl_up_sync(kFullWarp, w, o);
-      if (lane >= o) w += v;
-    }
-    *total = __shfl_sync(kFullWarp, w, kWarps - 1);
-    const int before = __shfl_sync(kFullWarp, w, warp == 0 ? 0 : warp - 1);
-    return (warp == 0 ? 0 : before) + inclusive - value;
-  }
+  __device__ int scan(int value, int* total) { return scanner.exclusive(value, total); }
 
   // This thread's blocked slice of `count` items (count <= kItems * kThreads).
   __device__ static void slice(int count, int* first, int* n) {
@@ -204,14 +175,14 @@ struct LevelsBuild {
       for (int i = threadIdx.x; i < bins; i += kThreads) hist[i] = 0;
       __syncthreads();
       auto add = [&](bool valid, uint32_t key) {
-        hist_add(hist, valid && (key & prefix_mask) == prefix ? static_cast<int>((key >> shift) & digit_mask) : -1);
+        block_hist_add(hist, valid && (key & prefix_mask) == prefix ? static_cast<int>((key >> shift) & digit_mask) : -1);
       };
 #pragma unroll
       for (int j = 0; j < kItems; ++j) add(j < st.n, ddtree_score_key(st.s[j]));
 #pragma unroll
       for (int j = 0; j < kItems; ++j) {  // candidates, generated again; warp-uniform trip counts for hist_add
         const int c = j < par.n ? par.cnt[j] : 0;
-        const int most = static_cast<int>(__reduce_max_sync(kFullWarp, static_cast<unsigned>(c)));
+        const int most = static_cast<int>(__reduce_max_sync(kBlockFullWarp, static_cast<unsigned>(c)));
         for (int r = 0; r < most; ++r) add(r < c, r < c ? child_key(par.s[j], row, r) : 0u);
       }
       __syncthreads();
@@ -371,48 +342,7 @@ struct LevelsBuild {
       if (pl.s_new[j] >= 0 && pl.s_new[j] < budget)
         keys[pl.s_new[j]] = static_cast<uint64_t>(~ddtree_score_key(st.s[j])) << 32 | static_cast<uint32_t>(st.first + j);
     }
-    __syncthreads();
-    int size = 1;
-    while (size < budget) size <<= 1;
-    if (size <= kThreads) {  // one key per thread: strides < 32 by shuffles, the rest through shared memory
-      const int i = threadIdx.x;
-      uint64_t v = i < budget ? keys[i] : ~0ull;
-      int exchange = 0;
-      for (int block = 2; block <= size; block <<= 1) {
-        for (int stride = block >> 1; stride > 0; stride >>= 1) {
-          uint64_t other;
-          if (stride >= 32) {  // two buffers in turn: one barrier a stage
-            uint64_t* x = keys + exchange * kThreads;
-            exchange ^= 1;
-            x[i] = v;
-            __syncthreads();
-            other = x[i ^ stride];
-          } else {
-            other = __shfl_xor_sync(kFullWarp, v, stride);
-          }
-          v = ((i & stride) == 0) == ((i & block) == 0) ? min(v, other) : max(v, other);
-        }
-      }
-      __syncthreads();
-      if (i < budget) keys[i] = v;
-    } else {  // budget > kThreads (1024): pairs in shared memory
-      for (int i = budget + threadIdx.x; i < size; i += kThreads) keys[i] = ~0ull;
-      __syncthreads();
-      for (int block = 2; block <= size; block <<= 1) {
-        for (int stride = block >> 1; stride > 0; stride >>= 1) {
-          for (int q = threadIdx.x; q < size / 2; q += kThreads) {
-            const int i = (q & ~(stride - 1)) << 1 | (q & (stride - 1)), j = i + stride;
-            const uint64_t a = keys[i], b = keys[j];
-            if ((a > b) == ((i & block) == 0)) {
-              keys[i] = b;
-              keys[j] = a;
-            }
-          }
-          __syncthreads();
-        }
-      }
-    }
-    __syncthreads();
+    block_bitonic_sort<kThreads>(keys, budget);
   }
 };
 
@@ -432,6 +362,7 @@ __global__ void __launch_bounds__(kThreads, 1) build_levels_kernel(
   LevelsBuild<kThreads> build;
   build.t = LevelsSmem::carve(smem, lp_count, capacity, kThreads);
   build.ctl = &ctl;
+  build.scanner.sums = ctl.scan;
   build.positions = positions;
   build.top_k = top_k;
   build.budget = budget;
