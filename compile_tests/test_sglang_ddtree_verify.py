@@ -107,6 +107,28 @@ def test_sglang_s_resolution_runs_the_check(tmp_path, monkeypatch):
     assert "attention backend 'torch_native'" in str(info.value)
 
 
+def test_the_base_default_is_still_sglang_s_answer_for_a_ddtree_launch(tmp_path, monkeypatch):
+    """The default base is asked of SGLang by resolving the launch once more with no backend named: that scratch
+    resolution is not a launch, and the check must not refuse it (it did, and every DDTREE engine failed to start)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    from sglang_cpu import tiny_models
+    from sglang.srt.arg_groups.overrides import resolution_result
+    from sglang.srt.server_args import ServerArgs
+
+    from kdtree_ops.sglang import base as base_module
+
+    monkeypatch.delenv("KDTREE_VERIFY", raising=False)
+    monkeypatch.delenv("KDTREE_BASE_BACKEND", raising=False)
+    model = str(tiny_models.llama(tmp_path / "llama"))
+    launched = ServerArgs(model_path=model, device="cpu", dtype="float32", attention_backend="kdtree",
+                          speculative_algorithm="DDTREE", speculative_draft_model_path=model)
+    launched.resolve_once()
+    plain = ServerArgs(model_path=model, device="cpu", dtype="float32")
+    plain.resolve_once()
+    assert base_module.base_backend_name(launched) == (resolution_result(plain, "attention_backend"),
+                                                       "SGLang's default")
+
+
 # ---- when the backend is built, and at a call ---------------------------------------------------------------------
 
 

@@ -282,11 +282,12 @@ def test_dflash_policy_hook_answers_the_base_s_policy(registered):
 
 
 def test_internal_state_hook_reports_live_backends(registered):
-    """The scheduler's get_internal_state answer gains the process's kdtree backends' status (plain values)."""
+    """The scheduler's get_internal_state answer gains the process's kdtree backends' status (plain values), and
+    the same per TP rank (the engine at tp_size=2 gathers two: test_sglang_tp_engine.py)."""
     import sys
     from types import SimpleNamespace
 
-    from kdtree_ops.sglang.plugin import STATE_KEY, internal_state_hook
+    from kdtree_ops.sglang.plugin import RANKS_STATE_KEY, STATE_KEY, internal_state_hook
 
     result = SimpleNamespace(internal_state={"other": 1})
     if "kdtree_ops.sglang.backend" not in sys.modules:  # no backend module: nothing to report, nothing imported
@@ -300,6 +301,8 @@ def test_internal_state_hook_reports_live_backends(registered):
     assert internal_state_hook(result, object()) is None
     (status,) = [s for s in result.internal_state[STATE_KEY] if s["op_calls"] == {"1": 3}]
     assert status["base"] == "triton" and status["verify_mode"] == "on" and "everything else by triton" in status["status"]
+    (rank,) = result.internal_state[RANKS_STATE_KEY]  # one process, no TP group: this rank alone, as rank 0
+    assert rank["tp_rank"] == 0 and rank[STATE_KEY] == result.internal_state[STATE_KEY]
     json.dumps(result.internal_state)  # what SGLang ships across the process boundary
 
 

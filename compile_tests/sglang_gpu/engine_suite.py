@@ -1,6 +1,7 @@
 """Real sglang.Engines on a GPU, CUDA graphs on, through kdtree: every speculative algorithm against no speculation.
 
     cd compile_tests && python -m sglang_gpu.engine_suite --out DIR [--models tiny,mla,llama8b] [--only REGEX]
+        [--tp2 auto|on|off]
 
 Run on the GPU machine after `. gpu-engine/setup.sh compile_tests/sglang_gpu/stand_in --no-jit` (examples/gpu_suite.sh,
 part `engine`). For each model (sglang_gpu/engine_models.py: targets built so that their drafters agree with them part
@@ -18,6 +19,12 @@ Lossless, checked two ways against the model's non-speculative engine (same serv
   exact equality alone would fail at the first such position; every token is checked, and the near-ties taken are
   counted.
 
+Tensor parallelism (`--tp2`, by default on where two GPUs are visible): the same model at tp_size=2, one process a
+GPU over NCCL with NVLink multicast off (TP2_ENV), configurations `*-tp2`: no speculation, NGRAM, EAGLE topk 4 and
+DDTREE at budgets 16 and 64, compared with the tp_size=1 reference like the others (so equal to tp_size=1 and to no
+speculation), their tokens/s beside tp_size=1's, and the plugin's status from each rank (`kdtree_ranks`: op calls and
+the device-side count of each rank's replays). `--platform cpu --tp2 on` runs them on the CPU engine over gloo.
+
 Writes DIR/results.jsonl (a line per configuration as it finishes, so a stopped run keeps what ran; a line per scored
 configuration) and DIR/summary.md; exits 1 when a configuration failed or a token failed the greedy check.
 """
@@ -26,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
+import subprocess
 import sys
 import time
 import traceback
@@ -50,6 +59,10 @@ PLATFORMS = {"gpu": ("triton", {"KDTREE_BASE_BACKEND": "triton", "KDTREE_VERIFY_
              "cpu": ("torch_native", {"KDTREE_VERIFY_COUNT": "1"})}
 DDTREE_BUDGETS = (16, 64, 256, 1023)
 SAMPLED = {"temperature": 0.7, "top_p": 0.9}
+# tp_size=2 on GPUs: NVLink multicast stays off in NCCL, PyTorch's symmetric memory and NVSHMEM (the lent machines'
+# rule: a program using it can take the host's shared GPUs out of service); the engines inherit these variables.
+TP2_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+TP2_DDTREE_BUDGETS = (16, 64)
 
 
 def prompts(vocab_words: range) -> list:
@@ -57,8 +70,20 @@ def prompts(vocab_words: range) -> list:
     return [[rng.choice(vocab_words) for _ in range(n)] for n in PROMPT_LENS]
 
 
-def configurations(models: dict, platform: str = "gpu") -> list:
-    """(name, engine kwargs, env, sampled) of one model, the reference first."""
+def visible_gpus() -> int:
+    """GPUs the engines can use: CUDA_VISIBLE_DEVICES' entries where set, else `nvidia-smi -L`'s; 0 without either."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()])
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(line.startswith("GPU ") for line in listing.splitlines())
+
+
+def configurations(models: dict, platform: str = "gpu", tp2: bool = False) -> list:
+    """(name, engine kwargs, env, sampled) of one model, the reference first; with tp2, the `*-tp2` ones last."""
     plain, base = PLATFORMS[platform]
     draft_backend = {"speculative_draft_attention_backend": "triton" if platform == "gpu" else "intel_amx"}
     eagle = dict(speculative_algorithm="EAGLE", speculative_draft_model_path=models["eagle"],
@@ -70,16 +95,26 @@ def configurations(models: dict, platform: str = "gpu") -> list:
         return dict(speculative_algorithm="DDTREE", speculative_draft_model_path=models["dflash"],
                     speculative_num_draft_tokens=budget)
 
-    compiled = dict(enable_torch_compile=True, torch_compile_max_bs=4)
+    # torch.compile costs ~25 s a captured batch size at start-up (tiny model, H100): KDTREE_ENGINE_COMPILE_BS lowers
+    # the largest compiled size where a call's time is short (sizes above it replay uncompiled graphs)
+    compiled = dict(enable_torch_compile=True, torch_compile_max_bs=int(os.environ.get("KDTREE_ENGINE_COMPILE_BS", 4)))
     configs = [("none", dict(attention_backend=plain), {}, False),
                ("ngram", dict(KDTREE, **ngram), base, False),
                ("eagle", dict(KDTREE, **eagle), base, False),
                ("dflash", dict(KDTREE, **dflash), base, False)]
     configs += [(f"ddtree{n}", dict(KDTREE, **ddtree(n)), base, False) for n in DDTREE_BUDGETS]
-    configs += [("eagle-compile", dict(KDTREE, **eagle, **compiled), base, False),
+    configs += [("ddtree64-overlap", dict(KDTREE, **ddtree(64)), {**base, "KDTREE_DDTREE_OVERLAP": "1"}, False),
+                ("eagle-compile", dict(KDTREE, **eagle, **compiled), base, False),
                 ("ddtree64-compile", dict(KDTREE, **ddtree(64), **compiled), base, False),
                 ("ddtree64-sampled", dict(KDTREE, **ddtree(64)), base, True),
                 ("none-sampled", dict(attention_backend=plain), {}, True)]
+    if tp2:
+        two = dict(tp_size=2)
+        configs += [("none-tp2", dict(attention_backend=plain, **two), TP2_ENV, False),
+                    ("ngram-tp2", dict(KDTREE, **ngram, **two), {**base, **TP2_ENV}, False),
+                    ("eagle-tp2", dict(KDTREE, **eagle, **two), {**base, **TP2_ENV}, False)]
+        configs += [(f"ddtree{n}-tp2", dict(KDTREE, **ddtree(n), **two), {**base, **TP2_ENV}, False)
+                    for n in TP2_DDTREE_BUDGETS]
     return configs
 
 
@@ -170,6 +205,7 @@ def run_config(host: EngineHost, model_path: str, name: str, engine: dict, env: 
         states = host.request("server_info")["internal_states"]
         record["kdtree"] = states[0].get("kdtree", []) if states else []
         record["ddtree"] = states[0].get("ddtree", []) if states else []
+        record["kdtree_ranks"] = states[0].get("kdtree_ranks", []) if states else []
         if reference is not None and not sampled:
             record["compare"] = first_differences(record["ids"], reference["ids"], reference["margins"])
     except Exception as exc:  # noqa: BLE001 - a failing configuration is a result; the next one still runs
@@ -205,7 +241,7 @@ def run_model(model: str, args, out: Path, start: float) -> None:
     host = new_host()
     reference, greedy_records, ref_engine = None, [], None
     try:
-        for name, engine, env, sampled in configurations(paths, args.platform):
+        for name, engine, env, sampled in configurations(paths, args.platform, tp2=args.tp2):
             if reference is not None and only is not None and not only.search(f"{model}/{name}"):
                 continue
             if time.monotonic() - start > args.budget_s:
@@ -250,7 +286,12 @@ def main() -> int:
     ap.add_argument("--only", default="", help="regex over 'model/config' names to run (the reference always runs)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no configuration after this many seconds")
     ap.add_argument("--platform", choices=sorted(PLATFORMS), default="gpu")
+    ap.add_argument("--tp2", choices=("auto", "on", "off"), default="auto",
+                    help="the tp_size=2 configurations; auto: on the GPU where two GPUs are visible")
     args = ap.parse_args()
+    gpus = visible_gpus() if args.platform == "gpu" else 0
+    args.tp2 = args.tp2 == "on" or (args.tp2 == "auto" and gpus >= 2)
+    print(f"=== tp_size=2 configurations: {'on' if args.tp2 else 'off'} ({gpus} GPUs visible)", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.monotonic()

@@ -23,6 +23,12 @@ Modes, by KDTREE_VERIFY (read when the backend is built):
   float32 stats[3] buffer: max |op - base| over finite elements, count of non-finite op elements, calls) and the
   base's output is returned. Every KDTREE_VERIFY_LOG_EVERY verify steps (default 100) a summary line is logged
   from the metadata init, which runs outside any graph; that read of three floats is its only host sync.
+KDTREE_VERIFY_COUNT=1 (read when the backend is built): every op call also runs `record_divergence` on its first
+output row against itself into its layer's float32 row of `[layers, 3]` on the device, so stats[2] counts the op's
+calls where they run (eager, the graph runner's warm-ups, and every replay of a captured graph, where no Python runs)
+and stats[1] the non-finite elements of that row; `status()` reads them (a host sync, outside graphs) as
+`device_op_calls` and `device_non_finite`. The proof that the op ran inside replayed graphs, in any mode (validate
+is not lossless for DDTREE, which refuses it).
 A base without a TARGET_VERIFY path (torch_native) is fine while the op serves every verify layer; `off`,
 `validate` or a layer the op cannot serve then fail when the backend is built (or at that layer's first call, for
 reasons only a call shows), naming the layers and the fix.
@@ -67,6 +73,8 @@ from .verify_metadata import GraphVerifyBuffers, VerifyStep, eager_verify_step, 
 from .verify_mode import VERIFY_MODES, verify_mode_from_env  # noqa: F401  (VERIFY_MODES re-exported)
 
 logger = logging.getLogger(__name__)
+
+COUNT_ENV = "KDTREE_VERIFY_COUNT"
 
 def check_cuda_kernels(ops, device) -> None:
     """Raises when a CUDA server would get an ops library built without CUDA kernels (it would fail at capture)."""
@@ -140,6 +148,11 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         self.op_calls: dict[int, int] = {}  # layer id -> calls the op served (eager calls and graph captures)
         self.base_calls: dict[int, int] = {}  # layer id -> verify calls the base served
         self._log_every = max(1, int(os.environ.get("KDTREE_VERIFY_LOG_EVERY", "100")))
+        self.call_stats = None  # [layers, 3] float32 on the device with KDTREE_VERIFY_COUNT=1 (module docstring)
+        if self._verifies and os.environ.get(COUNT_ENV, "").strip() == "1":
+            pool = self.token_to_kv_pool
+            layers = int(getattr(pool, "start_layer", 0) or 0) + int(pool.layer_num)
+            self.call_stats = torch.zeros((layers, 3), dtype=torch.float32, device=self.device)
         self._check_base_verify(model_runner)
         self._check_ddtree_verify(model_runner)
         _LIVE.append(weakref.ref(self))
@@ -302,6 +315,13 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
                                            mask_words(tokens), self.verify_mask)
 
     @property
+    def needs_cpu_seq_lens(self) -> bool:
+        """True, whatever the base answers: the verify metadata bounds its prefix-slot gather by the step's host
+        lengths (`seq_lens_cpu`); without them (SGLang's overlap scheduler drops them when every backend answers
+        False) it would gather a batch x context table at every verify step."""
+        return True
+
+    @property
     def verify_mask(self):
         """The base's: the draft writes its tree there, in the base's layout, and kdtree reads either layout."""
         return self.base.verify_mask
@@ -385,6 +405,9 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
             k.view(-1, hkv, dqk).to(q3.dtype), v.reshape(-1, hkv, dv).to(q3.dtype), k_scale, v_scale,
             out=out.view(num_tokens, hq, dv))
         self._count(self.op_calls, layer.layer_id)
+        if self.call_stats is not None:  # device-side: counted inside replayed graphs too
+            first = out.view(num_tokens, -1)[:1]
+            self._ops.record_divergence(first, first, self.call_stats[layer.layer_id])
         return out
 
     def _save_kv(self, layer, forward_batch, k, v) -> None:
@@ -432,6 +455,10 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
                  "fallbacks": {r: layer_ranges(ls) for r, ls in self._fallbacks.layers.items()}}
         if self.verify_mode == "validate":
             state["validate"] = self.divergence_summary()
+        if self.call_stats is not None:  # a host sync: status() runs outside graphs
+            rows = self.call_stats.tolist()
+            state["device_op_calls"] = {str(i): int(r[2]) for i, r in enumerate(rows) if r[2]}
+            state["device_non_finite"] = int(sum(r[1] for r in rows))
         return state
 
 

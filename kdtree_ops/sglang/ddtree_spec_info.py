@@ -10,6 +10,11 @@ only, so a plugin algorithm would be captured with no spec info and hidden mode 
 SGLang's hidden-mode check).
 
 `DDTreeCarry` is the running batch's spec info between rounds: each request's bonus token (not yet in any cache).
+On SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1) the carry a round returns is SGLang's relay handle: the
+scheduler stashes its bonus tokens in the FutureMap (`RelayPayload.from_draft_input`, which reads EAGLE's fields
+too, None here), sets `future_indices`, and the next round's `resolve_forward_inputs` gathers the bonus tokens
+back into it on the forward stream, as DFLASH's DFlashDraftInputV2 is relayed; the committed lengths travel by
+the worker's `on_publish` (FutureMap.publish) and come back as the batch's `seq_lens` / `seq_lens_cpu`.
 """
 
 from __future__ import annotations
@@ -60,14 +65,26 @@ class DDTreeVerifyInput(NgramVerifyInput):
 class DDTreeCarry(NgramVerifyInput):
     """What one round hands the next (the running batch's spec info): each request's bonus token."""
 
+    # EAGLE's relay fields, which the overlap scheduler's RelayPayload.from_draft_input reads: DDTREE relays none
+    topk_p = topk_index = hidden_states = None
+
     def __init__(self, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor, draft_token_num: int):
         super().__init__(draft_token_num=draft_token_num, new_seq_lens=new_seq_lens)
         self.bonus_tokens = bonus_tokens
 
     def filter_batch(self, new_indices: torch.Tensor, new_indices_cpu=None):
+        if self.future_indices is not None:  # overlap: the FutureMap holds the rows; the tensors are the forward's
+            self.future_indices = self.future_indices[new_indices]
+            return
         self.bonus_tokens = self.bonus_tokens[new_indices]
         self.new_seq_lens = self.new_seq_lens[new_indices]
 
     def merge_batch(self, spec_info: "DDTreeCarry"):
+        if self.future_indices is not None:
+            if spec_info.future_indices is None:
+                raise RuntimeError("DDTREE on the overlap scheduler: a running batch's carry merged with one the "
+                                   "scheduler did not relay (no future_indices)")
+            self.future_indices = torch.cat([self.future_indices, spec_info.future_indices])
+            return
         self.bonus_tokens = torch.cat([self.bonus_tokens, spec_info.bonus_tokens])
         self.new_seq_lens = torch.cat([self.new_seq_lens, spec_info.new_seq_lens])
