@@ -2,10 +2,12 @@
 the host heap algorithm (DDTree's reference approach), timed in the same run.
 
 Rows: B in {1, 8, 32}, K = 16, top-k in {8, 32}, budget in {16, 64, 256, 1024}. GPU columns are median µs per
-call under CUDA-graph replay (timing.py: one graph, replays queued behind a GPU sleep). The build column is the op
-as it dispatches (the kernel column says which ran: the level-synchronous build, csrc/cuda/ddtree_build_levels.cu,
-where its gate lets it, e.g. under KDTREE_OPS_UNVERIFIED=1, else the serial one-warp kernel); the serial column is
-the serial kernel on the same inputs (KDTREE_OPS_SERIAL_TREE_BUILD=1). The heap column is the
+call under CUDA-graph replay (timing.py: one graph, replays queued behind a GPU sleep). The build column is the
+level-synchronous build (csrc/cuda/ddtree_build_levels.cu), timed with its gate lifted (KDTREE_OPS_UNVERIFIED=1
+for those calls only: a bench measures the kernel whether or not the GPU suite has passed it yet); the kernel column
+says which kernel that column's calls ran ("serial" where the level build does not take the shape and the op falls
+back). The serial column is the serial one-warp kernel on the same inputs (KDTREE_OPS_SERIAL_TREE_BUILD=1). The
+heap column is the
 median wall time of the host algorithm for the whole batch (ddtree.reference.best_first_paths_heap per request,
 then its tokens and parents), from log-probs already in host lists: the copy to the host, the sync and the
 copy of the tree back that a host build also needs are not counted, so the speedup is a lower bound.
@@ -70,17 +72,22 @@ def _host_heap_us(logprobs: torch.Tensor, tokens: torch.Tensor, roots: torch.Ten
 
 
 @contextlib.contextmanager
-def _serial_build(on: bool):
-    """KDTREE_OPS_SERIAL_TREE_BUILD=1 while on (read by the op at each call, so at a graph's capture)."""
-    before = os.environ.get("KDTREE_OPS_SERIAL_TREE_BUILD")
-    os.environ["KDTREE_OPS_SERIAL_TREE_BUILD"] = "1" if on else "0"
+def _tree_build(kernel: str):
+    """The op's CUDA tree build set to one kernel while inside: "levels" (KDTREE_OPS_UNVERIFIED=1 lifts its gate,
+    KDTREE_OPS_SERIAL_TREE_BUILD=0) or "serial" (KDTREE_OPS_SERIAL_TREE_BUILD=1). The op reads both at each call,
+    so at a graph's capture; the environment is restored on the way out."""
+    settings = {"levels": {"KDTREE_OPS_UNVERIFIED": "1", "KDTREE_OPS_SERIAL_TREE_BUILD": "0"},
+                "serial": {"KDTREE_OPS_SERIAL_TREE_BUILD": "1"}}[kernel]
+    before = {name: os.environ.get(name) for name in settings}
+    os.environ.update(settings)
     try:
         yield
     finally:
-        if before is None:
-            del os.environ["KDTREE_OPS_SERIAL_TREE_BUILD"]
-        else:
-            os.environ["KDTREE_OPS_SERIAL_TREE_BUILD"] = before
+        for name, value in before.items():
+            if value is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = value
 
 
 def _build_kernel(call) -> str:
@@ -120,10 +127,10 @@ def ddtree_rows(batches=BATCHES, top_ks=TOP_KS, budgets=BUDGETS, positions: int 
             cuda_build = [a.cuda() if isinstance(a, torch.Tensor) else a for a in build_args]
             cuda_accept = [a.cuda() if isinstance(a, torch.Tensor) else a for a in accept_args]
             build = lambda: ddtree.build_tree(*cuda_build)  # noqa: E731
-            with _serial_build(False):
+            with _tree_build("levels"):
                 row["build_kernel"] = _build_kernel(build)
                 row["build_us"] = time_calls([build], samples=samples)["median_us"]
-            with _serial_build(True):
+            with _tree_build("serial"):
                 row["serial_build_us"] = time_calls([build], samples=samples)["median_us"]
             row["accept_us"] = time_calls([lambda: ddtree.accept_greedy(*cuda_accept)], samples=samples)["median_us"]
         row["heap_over_build"] = row["heap_us"] / row["build_us"] if row["build_us"] else None
@@ -135,7 +142,7 @@ def ddtree_rows(batches=BATCHES, top_ks=TOP_KS, budgets=BUDGETS, positions: int 
 
 def ddtree_markdown(rows: list[dict]) -> str:
     fmt = lambda v, spec=".1f": "—" if v is None else format(v, spec)  # noqa: E731
-    lines = ["| B | K | top-k | budget | build µs (GPU) | kernel | serial build µs (GPU) | accept µs (GPU) | "
+    lines = ["| B | K | top-k | budget | level build µs (GPU) | kernel | serial build µs (GPU) | accept µs (GPU) | "
              "host heap µs | CPU op build µs | heap / GPU build |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['B']} | {r['K']} | {r['top_k']} | {r['budget']} | {fmt(r['build_us'])} | "
