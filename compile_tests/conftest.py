@@ -29,7 +29,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "kdtree"))
 
 
 GPU_SUITES = ["test_cuda_numerics.py", "test_cuda_graphs.py", "test_cuda_errors.py", "test_cuda_fp8.py",
-              "test_cuda_ddtree.py", "test_sglang_backend_gpu.py"]
+              "test_cuda_ddtree.py", "test_cuda_ddtree_levels.py", "test_sglang_backend_gpu.py"]
 collect_ignore = [] if torch.cuda.is_available() else GPU_SUITES
 
 

@@ -2,8 +2,9 @@
 // csrc/cpu/ddtree.cpp produce the same bits). All three are capture-safe: grids from shapes only, no host sync,
 // the current stream under a device guard; the value checks run only with KDTREE_OPS_DEBUG=1 outside capture.
 //
-// ddtree_build_tree: one CTA per request. Best-first order is inherently sequential (each pop decides the next
-// frontier), so the design minimizes the latency of one pop rather than parallelizing pops:
+// ddtree_build_tree: the level-synchronous build (ddtree_build_levels.cu) where it runs (its gate, its shapes);
+// elsewhere this serial kernel, one CTA per request, which pops the best-first order one node at a time and so
+// minimizes the latency of one pop:
 //   - The frontier is indexed by tree node: node p's only live entry is its next child (rank next_child[p]), so
 //     the frontier never holds more than `nodes` entries and a pop changes exactly two of them (the parent's
 //     entry moves to its next rank, the new node opens its first child). This is the hint's "first child + next
@@ -40,6 +41,7 @@
 #include <type_traits>
 
 #include "ddtree_args.h"
+#include "ddtree_build_levels.h"
 #include "ddtree_order.h"
 #include "launch_class.h"
 #include "smem_optin.cuh"
@@ -235,6 +237,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> ddtree_build_tree_cud
   TORCH_CHECK(dims.positions * dims.top_k < INT_MAX, op, ": K * k must be < 2^31 - 1, got ", dims.positions, " * ",
               dims.top_k);
   TORCH_CHECK(dims.batch <= INT_MAX, op, ": B must be < 2^31, got ", dims.batch);
+  if (cuda::launch_build_tree_levels(dims, logprobs, tokens, root_tokens, tree_tokens, parents, depths, tree_mask))
+    return {tree_tokens, parents, depths, tree_mask};  // the level-synchronous build took it (ddtree_build_levels.cu)
   const size_t smem = SmemTree::bytes(dims.positions * dims.top_k, dims.nodes);
   cuda::allow_dynamic_smem<build_tree_kernel>(logprobs.get_device(), smem, op,
                                               "the tree of K * k log-probs and budget + 1 nodes");
