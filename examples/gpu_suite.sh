@@ -12,7 +12,8 @@
 #             with tied scores)
 #   emulated  the CUDA tests once per emulated architecture class (KDTREE_OPS_EMULATE_ARCH=80: sm_80; =120: the
 #             99 KB class): each class's configurations and code path on this sm_90 GPU, under its limits
-#   bench     python -m kdtree_ops bench (G1-G5, M1-M5, bf16 and the fp8 column), the same for kdtree under each
+#   bench     python -m kdtree_ops bench (G1-G5, M1-M5, bf16 and the fp8 column by both fp8 paths: the default
+#             widen path and KDTREE_OPS_FP8_PATH=overlap), the same for kdtree under each
 #             emulated class (and from the 99 KB class's run an estimate for the RTX PRO 6000), bench --ddtree, and
 #             the gather probe (examples/gather_probe.cu, Hopper). Run it first where a call holds one part: it is the
 #             only part no test replaces
@@ -178,11 +179,12 @@ for part in "${parts[@]}"; do
   bench)
     build bench 250
     stage bench bench 300 150 $py -m kdtree_ops.bench --out "$out/bench/bench"
-    # Each emulated class's configurations timed on this GPU (kdtree alone, bf16 and fp8: a number for judging the
-    # design, not the class's GPU), and for the 99 KB class an estimate for the RTX PRO 6000 (bench/estimate.py).
+    # Each emulated class's configurations timed on this GPU (kdtree alone, bf16 and fp8 by both paths: a number for
+    # judging the design, not the class's GPU), and for the 99 KB class an estimate for the RTX PRO 6000
+    # (bench/estimate.py).
     for arch in 80 120; do
       stage bench "bench_sm$arch" 90 $(( arch == 80 ? 100 : 30 )) env KDTREE_OPS_EMULATE_ARCH=$arch \
-        $py -m kdtree_ops.bench --impls kdtree --samples 15 --out "$out/bench/sm$arch"
+        $py -m kdtree_ops.bench --impls kdtree,kdtree_fp8_overlap --samples 15 --out "$out/bench/sm$arch"
     done
     [ -f "$out/bench/sm120/bench.json" ] && $py -m kdtree_ops.bench.estimate "$out/bench/sm120/bench.json" \
       > "$out/bench/estimate.log" 2>&1

@@ -1,6 +1,7 @@
 // CUDA implementation of kdtree::tree_verify_attention(_out): argument checks, parameter packing and the
-// choice of kernel family by head dims (caches of q's dtype or fp8, the scales applied to fp8 rows as they land). Capture-safe: no host sync (value checks only with
-// KDTREE_OPS_DEBUG=1 outside capture), launches on the current stream, grid from the device only.
+// choice of kernel family by head dims (caches of q's dtype or fp8, by the path KDTREE_OPS_FP8_PATH names:
+// fp8_path.h). Capture-safe: no host sync (value checks only with KDTREE_OPS_DEBUG=1 outside capture), launches on
+// the current stream, grid from the device only.
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
@@ -94,7 +95,8 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   p.k_scale = static_cast<float>(k_scale);
   p.v_scale = static_cast<float>(v_scale);
   p.kv_fp8_e5m2 = k_cache.scalar_type() == at::ScalarType::Float8_e5m2;
-  // V read from the K tile is widened with k_scale: with another v_scale the kernels load V rows of their own.
+  // V read from the K tile is widened with k_scale on the widen path (the overlap path's T tiles hold the stored
+  // values, either scale folded apart): with another v_scale the kernels load V rows of their own.
   p.cache_v_aliases_k = is_prefix_view(v_cache, k_cache) && (!fp8 || k_scale == v_scale);
   p.draft_v_aliases_k = k_draft.has_value() && is_prefix_view(*v_draft, *k_draft);
 
