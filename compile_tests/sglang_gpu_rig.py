@@ -1,8 +1,8 @@
 """Real SGLang 0.5.23 objects around the kdtree backend on a CUDA GPU, shared by test_sglang_backend_gpu.py.
 
 Real ReqToTokenPool, MHA/MLA token-to-KV pools (the attention test kit's mock model runners, which subclass
-ModelRunner), RadixAttention layers, ForwardBatch in TARGET_VERIFY with EAGLE (topk > 1), DFLASH and NGRAM spec
-infos; slots fragmented by our own layout (a random permutation of the pool; the kit's graph-mode runner is not
+ModelRunner), RadixAttention layers, ForwardBatch in TARGET_VERIFY with EAGLE (topk > 1), DFLASH, NGRAM and DDTREE
+spec infos; slots fragmented by our own layout (a random permutation of the pool; the kit's graph-mode runner is not
 used: its eager-in-graph leg rewrites prefix K/V contiguously while req_to_token points elsewhere). `GraphHarness`
 is the runner's side of 0.5.23's graph contract for one captured batch size.
 """
@@ -156,6 +156,13 @@ class Step:
         if self.spec_kind == "dflash":
             return DFlashVerifyInput(draft_token=draft, positions=self.positions, draft_token_num=self.t, topk=1,
                                      custom_mask=None, capture_hidden_mode=CaptureHiddenMode.FULL)
+        if self.spec_kind == "ddtree":  # the tree only as the op's packed mask; at capture DDTREE's capture input
+            from kdtree_ops.sglang.ddtree_spec_info import DDTreeVerifyInput
+
+            if not with_mask:
+                return DDTreeVerifyInput.for_capture(self.n, self.t, DEVICE)
+            packed = torch.cat([ancestor_mask(p, max(1, -(-self.t // 32))) for p in self.trees]).to(DEVICE)
+            return DDTreeVerifyInput(draft.view(self.bs, self.t), self.positions, packed)
         retrieve = torch.arange(self.t, dtype=torch.long, device=DEVICE).repeat(self.bs, 1)
         nxt = torch.full_like(retrieve, -1)
         if self.spec_kind == "ngram":

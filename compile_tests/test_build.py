@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kdtree_ops import build
+from kdtree_ops import build, linkage
 
 REPO = Path(__file__).resolve().parent.parent
 OPS = ("tree_verify_attention", "tree_verify_attention_out", "tree_mask_from_parents", "tree_mask_from_dense",
@@ -192,7 +192,7 @@ def test_library_takes_the_process_cxx_runtime(ops):
     needed = subprocess.run([readelf, "-d", library], capture_output=True, text=True, check=True).stdout
     assert "libstdc++.so" in needed, needed
     defined = subprocess.run([nm, "-D", "--defined-only", library], capture_output=True, text=True, check=True).stdout
-    own = [line.split()[-1] for line in defined.splitlines() if build._RUNTIME_SYMBOL.match(line.split()[-1])]
+    own = [line.split()[-1] for line in defined.splitlines() if linkage.RUNTIME_SYMBOL.match(line.split()[-1])]
     assert not own, own[:5]
     with pytest.raises(RuntimeError, match=r"query heads of q \(3\) must be a multiple of the KV heads of k_cache \(2\)"):
         torch.ops.kdtree.tree_verify_attention(

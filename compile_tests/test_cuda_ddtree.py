@@ -10,20 +10,11 @@ import torch
 
 from kdtree_ops.ddtree import ops as ddtree
 from kdtree_ops.ddtree.loop import MAX_VERIFY_BUDGET
-from kdtree_ops.ddtree.reference import build_tree_heap
+from kdtree_ops.ddtree.reference import build_tree_heap, commit_kv_reference
 from test_ddtree_loop import check_lossless, dtype_for
 from test_ddtree_ops import drafter_topk
 
 pytestmark = pytest.mark.cuda
-
-
-def reference_commit(cache: torch.Tensor, accepted, node_slots, dest_slots) -> torch.Tensor:
-    """The commit on the device with torch indexing: every accepted row read, then written."""
-    want = cache.clone()
-    b, d = torch.nonzero(accepted >= 0, as_tuple=True)
-    sources = node_slots[b, accepted[b, d].long()]
-    want[dest_slots[b, d]] = cache[sources].clone()
-    return want
 
 
 def commit_inputs(batch, nodes, entries, slots, seed):
@@ -61,11 +52,11 @@ def test_commit_kv_tiles_and_grid_stride(name, dtype, row, batch, nodes, entries
     accepted, node_slots, dest_slots = commit_inputs(batch, nodes, entries, slots, seed=len(name))
     values = torch.randint(0, 255, (slots, heads, dim), dtype=torch.uint8, device="cuda")
     cache = values if dtype == torch.uint8 else values.view(torch.uint8).to(torch.float32).sub(127).to(dtype)
-    want = reference_commit(cache.view(torch.uint8) if cache.element_size() == 1 else cache.view(torch.int16),
-                            accepted, node_slots, dest_slots)
+    bits = (lambda t: t.view(torch.uint8)) if cache.element_size() == 1 else (lambda t: t.view(torch.int16))
+    want = bits(cache).clone()
+    commit_kv_reference(want, None, accepted, node_slots, dest_slots)
     ddtree.commit_kv(cache, None, accepted, node_slots, dest_slots)
-    got = cache.view(torch.uint8) if cache.element_size() == 1 else cache.view(torch.int16)
-    assert torch.equal(got, want)  # bits: every destination row, and nothing else, moved
+    assert torch.equal(bits(cache), want)  # bits: every destination row, and nothing else, moved
     assert (accepted >= 0).sum() > entries // 2
 
 
@@ -76,8 +67,8 @@ def test_commit_kv_with_v_cache_fp8_strided():
     accepted, node_slots, dest_slots = commit_inputs(batch, nodes, entries, slots, seed=5)
     k = torch.randn(slots, 2, 128, device="cuda").to(torch.float8_e5m2)
     v = torch.randn(slots, 4, 160, device="cuda").to(torch.float8_e5m2)[:, ::2, :128]
-    want_k = reference_commit(k.view(torch.uint8), accepted, node_slots, dest_slots)
-    want_v = reference_commit(v.view(torch.uint8), accepted, node_slots, dest_slots)
+    want_k, want_v = k.view(torch.uint8).clone(), v.view(torch.uint8).clone()
+    commit_kv_reference(want_k, want_v, accepted, node_slots, dest_slots)
     ddtree.commit_kv(k, v, accepted, node_slots, dest_slots)
     assert torch.equal(k.view(torch.uint8), want_k) and torch.equal(v.view(torch.uint8), want_v)
 

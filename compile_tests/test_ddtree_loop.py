@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTens
 
 from kdtree_ops import ops
 from kdtree_ops.ddtree import ops as ddtree
-from kdtree_ops.ddtree.loop import LAYOUTS, DDTreeRound, DDTreeState, ddtree_generate, greedy_decode
+from kdtree_ops.ddtree.loop import LAYOUTS, DDTreeRound, DDTreeState, append_tokens, ddtree_generate, greedy_decode
 from kdtree_ops.testing.toy_drafter import BlockDrafter
 from kdtree_ops.testing.toy_model import PagedKVCache
 from kdtree_ops.testing.toy_target import BF16_UNIT_ROUNDOFF, margin_bound, margin_target, top2_gap
@@ -142,3 +142,13 @@ def test_a_round_refuses_trees_the_verify_op_cannot_take(budget):
     model, kappa = margin_target()
     with pytest.raises(ValueError, match=r"budget must be in \[0, 1023\]"):
         DDTreeRound(model, BlockDrafter(kappa, BLOCK_SIZE, TOP_K, NOISE), budget)
+
+
+def test_append_tokens_writes_each_request_s_count_after_its_output():
+    """Three tokens after one, one after three, two after four of five columns (the second lands in the sink)."""
+    generated = torch.full((3, 6), -1, dtype=torch.int64)
+    num_generated = torch.tensor([1, 3, 4])
+    tokens = torch.tensor([[22, 24, 50, 50], [60, 9, 9, 60], [41, 70, 8, 70]])
+    append_tokens(generated, num_generated, tokens, torch.tensor([3, 1, 2], dtype=torch.int32))
+    assert generated[:, :5].tolist() == [[-1, 22, 24, 50, -1], [-1, -1, -1, 60, -1], [-1, -1, -1, -1, 41]]
+    assert num_generated.tolist() == [4, 4, 6]

@@ -244,6 +244,45 @@ def test_accepted_slots(device):
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_commit_kv_layers_moves_every_layer_and_mla_values_with_their_keys(device):
+    """Request 0 accepts nodes 0 and 2 (to slots 10, 11), request 1 its root (to 12): in a layer with K and V apart,
+    in an MLA layer (V a view of K's first columns: it moves with K) and in one whose V lies beside K in a single
+    storage (a cache of its own), those rows and no others move."""
+    slots = 14
+
+    def rows(base, width):  # row s holds base + s in every column
+        return (base + torch.arange(slots, dtype=torch.float32, device=device))[:, None, None].repeat(1, 1, width)
+
+    mla, shared = rows(300, 6), torch.stack([rows(400, 4), rows(500, 4)])
+    layers = [(rows(100, 4), rows(200, 3)), (mla, mla[..., :4]), (shared[0], shared[1])]
+    assert [ddtree.values_view_keys(k, v) for k, v in layers] == [False, True, False]
+    accepted = torch.tensor([[0, 2], [0, -1]], dtype=torch.int32, device=device)
+    node_slots = torch.tensor([[1, 2, 3], [5, 6, 7]], device=device)
+    dest_slots = torch.tensor([[10, 11], [12, 13]], device=device)
+    ddtree.commit_kv_layers(layers, accepted, node_slots, dest_slots)
+    moved = list(range(10)) + [1, 3, 5, 13]  # the source of each row after the commit
+    for k, v in layers:
+        for cache in (k, v):
+            base = int(cache[0, 0, 0])
+            assert torch.equal(cache, (base + torch.tensor(moved, dtype=torch.float32, device=device))
+                               [:, None, None].expand_as(cache)), base
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_emitted_tokens_are_the_accepted_drafts_then_the_bonus(device):
+    """Path 0 -> 3 -> 5, the root alone, and a full path 0 -> 1 -> 2 -> 4: drafts in path order, then the bonus."""
+    tree_tokens = torch.tensor([[7, 20, 21, 22, 23, 24], [9, 30, 31, 32, 33, 34], [8, 40, 41, 42, 43, 44]],
+                               device=device)
+    accepted = torch.tensor([[0, 3, 5, -1], [0, -1, -1, -1], [0, 1, 2, 4]], dtype=torch.int32, device=device)
+    accept_len = torch.tensor([2, 0, 3], dtype=torch.int32, device=device)
+    bonus = torch.tensor([50, 60, 70], device=device)
+    emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, bonus)
+    assert emitted.shape == (3, 4) and emitted.dtype == torch.int64
+    assert [row[:n + 1] for row, n in zip(emitted.tolist(), accept_len.tolist())] == [
+        [22, 24, 50], [60], [40, 41, 43, 70]]
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
 def test_opcheck(device):
     for budget in (0, 5, 40):
         torch.library.opcheck(torch.ops.kdtree.ddtree_build_tree.default,

@@ -19,7 +19,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 from torch._inductor.utils import run_and_get_code
 
-from kdtree_ops.ddtree import SamplingParams, sample_targets
+from kdtree_ops.ddtree import SamplingParams, sample_targets, target_tokens
 from kdtree_ops.ddtree.sampling_reference import (gumbel_from_hash, kept_mask, noise_hash, sample_targets_reference,
                                                   scaled_logits)
 
@@ -133,6 +133,19 @@ def test_literal_cases(device):
     tied = draw(temperature=5.0, min_p=1.0)                # min_p 1: the tied maxima only
     assert tied[0] in (1, 2) and tied[2] == 1
     assert draw(temperature=1.0)[2] in (1, 3)              # never a -inf token
+
+
+@pytest.mark.parametrize("device", DEVICE_PARAMS)
+def test_target_tokens_is_the_argmax_without_sampling_and_the_draw_with_it(device):
+    """The loop's and the worker's one choice: greedy (no parameters) is the first maximum of each row, shaped as
+    positions; with parameters it is sample_targets' draw, the same positions keying the noise."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, -2.0], [0.0, 0.0, 0.0, 0.0], [2.0, 5.0, -1.0, 7.0],
+                           [4.0, -4.0, 4.0, 0.0]], device=device)
+    positions = torch.tensor([[7, 8], [20, 21]], device=device)
+    assert target_tokens(logits, positions, None).tolist() == [[1, 0], [3, 0]]
+    params = SamplingParams.of([dict(temperature=2.0, seed=5), dict(temperature=0.0)], device=device)
+    want = sample_targets(logits, positions, *params.astuple())
+    assert torch.equal(target_tokens(logits, positions, params), want) and want[1].tolist() == [3, 0]
 
 
 @pytest.mark.parametrize("device", DEVICE_PARAMS)

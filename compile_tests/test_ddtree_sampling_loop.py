@@ -20,7 +20,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kdtree_ops.ddtree import SamplingParams
-from kdtree_ops.ddtree import loop
+from kdtree_ops.ddtree import sampling
 from kdtree_ops.ddtree.loop import LAYOUTS, DDTreeRound, DDTreeState, ddtree_generate, greedy_decode, sample_decode
 from kdtree_ops.ddtree.sampling_reference import gumbel_noise, kept_mask, scaled_logits
 from kdtree_ops.testing.toy_drafter import BlockDrafter
@@ -132,12 +132,12 @@ if "cuda" in DEVICES:  # defined only where it can run: the CPU suite never skip
 def test_a_wrong_noise_key_breaks_the_comparison(monkeypatch):
     """The comparison can fail: tree rows keyed by their position + 1 (the drawn token's position, an easy
     off-by-one) draw other noise than the target's own decoding, and the sampled requests' tokens differ."""
-    real = loop.sample_targets
+    real = sampling.sample_targets
 
     def shifted(logits, positions, *params):
         return real(logits, positions + 1 if positions.shape[1] > 1 else positions, *params)
 
-    monkeypatch.setattr(loop, "sample_targets", shifted)
+    monkeypatch.setattr(sampling, "sample_targets", shifted)
     run, reference, *_ = run_both("cpu", "eager", "paged", 8)
     differs = [got != want[:len(got)] for got, want in zip(run.tokens, reference)]
     assert all(differs[b] for b in SAMPLED) and not differs[0], differs

@@ -26,7 +26,8 @@ import pytest
 import torch
 from scipy.stats import chi2
 
-from kdtree_ops.ddtree import SamplingParams, accept_greedy, build_tree, sample_targets
+from kdtree_ops.ddtree import SamplingParams, accept_greedy, build_tree, emitted_tokens, sample_targets
+from kdtree_ops.ddtree.loop import append_tokens
 from kdtree_ops.ddtree.sampling_reference import kept_mask, scaled_logits
 
 VOCAB, POSITIONS, DRAFT_TOP_K, BUDGET, TOKENS, ROUNDS = 6, 3, 2, 8, 3, 3
@@ -108,12 +109,7 @@ def generate(draw_targets, params: SamplingParams):
         node_index = torch.arange(nodes).expand(batch, nodes)
         targets = draw_targets(logits, positions, params, node_index)
         accepted, accept_len, bonus = accept_greedy(tree_tokens, parents, targets, POSITIONS)
-        path = tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).long())       # [B, K]
-        emitted = torch.cat([path, bonus[:, None]], 1).scatter(1, accept_len[:, None].long(), bonus[:, None])
-        j = torch.arange(POSITIONS + 1)
-        sink = out.shape[1] - 1
-        out.scatter_(1, torch.where(j <= accept_len[:, None], count[:, None] + j, sink), emitted)
-        count += accept_len + 1
+        append_tokens(out, count, emitted_tokens(tree_tokens, accepted, accept_len, bonus), accept_len + 1)
         roots, positions0 = bonus, positions0 + accept_len + 1
         if r == 0:
             first_round = (accept_len, tree_tokens, parents)

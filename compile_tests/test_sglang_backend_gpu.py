@@ -10,6 +10,8 @@ kdtree is built over each base of `gpu_bases()` (triton; flashinfer where instal
 - `torch.compile(fullgraph=True)` of the layer forward (zero graph breaks; the triton backend's count is
   recorded in KDTREE_SGLANG_RESULTS, default /tmp/kdtree_sglang_gpu_results.json);
 - validate mode inside a captured graph: a planted divergence shows up in the stats, read after replay;
+- DDTREE's verify input captured as DDTREE's graphs are (its capture spec info) and replayed: each replay's trees,
+  and the device-side call count (KDTREE_VERIFY_COUNT=1) grows by one per replay;
 - fp8 pools: served where the op answers yes for the pool's fp8 dtype (verified on sm_90a since 2026-12-02); where it
   answers no, they fall back to the base with one line, eager and captured, and the output is the base's bit for bit.
 """
@@ -148,6 +150,33 @@ def test_validate_mode_reports_a_planted_divergence_from_a_graph(monkeypatch):
     planted = backend.divergence_summary()
     assert planted["calls"] == 2
     assert planted["max_abs_err"] > 1e-1, planted
+
+
+@pytest.mark.parametrize("base, arch", CASES)
+def test_ddtree_graph_runs_the_op_at_every_replay(monkeypatch, base, arch):
+    """A DDTREE target's graph, captured with DDTREE's capture spec info (what the plugin's hook on
+    DecodeCudaGraphRunner.get_spec_info returns) and no host sync inside, verifies each replay's own trees; the
+    device-side count (KDTREE_VERIFY_COUNT=1) grows by one per replay while no Python runs: the op ran inside the
+    replayed graph. The base never prepares these verify batches."""
+    from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
+
+    monkeypatch.setenv("KDTREE_VERIFY", "on")
+    monkeypatch.setenv("KDTREE_VERIFY_COUNT", "1")
+    t, bs = 24, 3
+    setup = Setup(arch, max_bs=4, tree_tokens=t)
+    setup.runner.spec_algorithm = SpeculativeAlgorithm.from_string("DDTREE")
+    backend = setup.backend("kdtree", base=base)
+    harness = GraphHarness(setup, backend, bs, t)
+    harness.capture(Step(setup, "ddtree", t, (10, 10, 10), seed=1), with_mask=False, sync_debug=True)
+    layer = str(setup.layer.layer_id)
+    warmed = backend.status()["device_op_calls"][layer]  # the warm-up ran the op; the capture ran nothing
+    python_calls = dict(backend.op_calls)
+    for replays, (seed, prefix_lens) in enumerate(((2, (1, 150, 77)), (3, (280, 0, 12)), (4, (64, 64, 64))), 1):
+        step = Step(setup, "ddtree", t, prefix_lens, seed=seed)
+        assert_close(harness.replay(step), step.reference(), f"ddtree replay seed {seed} vs reference")
+        status = backend.status()
+        assert status["device_op_calls"][layer] == warmed + replays and status["device_non_finite"] == 0
+    assert backend.op_calls == python_calls  # no Python ran the op during the replays
 
 
 def test_validate_mode_has_no_host_sync_in_the_graph(monkeypatch):

@@ -93,15 +93,14 @@ def test_members_the_wrapper_does_not_define_are_the_base_s():
     rig = Rig(base="triton")
     backend, base = rig.backend, rig.backend.base
     own = {"forward", "forward_extend", "forward_decode", "init_forward_metadata", "init_cuda_graph_state",
-           "init_forward_metadata_out_graph", "init_forward_metadata_in_graph", "verify_mask",
+           "init_forward_metadata_out_graph", "init_forward_metadata_in_graph", "verify_mask", "needs_cpu_seq_lens",
            "update_verify_buffers_to_fill_after_draft", "glue_target_verify_metadata", "__init__"}
     for name in vars(AttentionBackend):
         if name.startswith("__") or name == "_abc_impl":
             continue
         member = vars(KDTreeAttnBackend)[name]
-        assert (name in own) != isinstance(member, property) or name == "verify_mask", name
-    base.needs_cpu_seq_lens = False  # a class-level default on AttentionBackend: the base's value is answered
-    assert backend.needs_cpu_seq_lens is False
+        assert (name in own) != isinstance(member, property) or name in ("verify_mask", "needs_cpu_seq_lens"), name
+    assert backend.get_cuda_graph_seq_len_fill_value is not None  # a method of AttentionBackend: the base's
     assert backend.kv_index_translator is base.kv_index_translator is rig.runner.kv_index_translator
     assert backend.get_cuda_graph_seq_len_fill_value() == base.get_cuda_graph_seq_len_fill_value()
     assert backend.kv_indptr is base.kv_indptr  # an attribute of the base's own
@@ -181,3 +180,22 @@ def test_validate_mode_compares_with_the_base(monkeypatch, planted):
     for layer, out in zip(rig.layers, outs):
         torch.testing.assert_close(out.double(), (step.reference(layer.layer_id) + planted).to(out.dtype).double())
     assert rig.backend.status()["validate"]["calls"] == 2
+
+
+# ---- host lengths -------------------------------------------------------------------------------------------------
+
+
+def test_kdtree_asks_for_host_lengths_whatever_its_base_answers():
+    """kdtree's verify metadata bounds its prefix-slot gather by seq_lens_cpu; SGLang's overlap scheduler publishes
+    them only when some backend needs them (decide_needs_cpu_seq_lens). Triton answers False (it once was forwarded,
+    and then every verify step gathered a batch x context table)."""
+    from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
+
+    rig = Rig(base="triton")
+    assert rig.backend.base.needs_cpu_seq_lens is False
+    assert rig.backend.needs_cpu_seq_lens is True
+    assert decide_needs_cpu_seq_lens([rig.backend]) is True
+    assert decide_needs_cpu_seq_lens([rig.backend.base]) is False  # control: the base alone would drop them
+    step = Step(rig, (4, 9), seed=2)
+    rig.backend.init_forward_metadata(step.forward_batch())
+    assert rig.backend._step.kv_indices.numel() <= 2 * 9 + 1  # bounded by the host lengths, not the context

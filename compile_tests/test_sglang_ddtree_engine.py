@@ -10,17 +10,20 @@ Shown, over four requests of different lengths, greedy, `ignore_eos`:
 a. DDTREE's output equals the engine's without speculation, token for token, radix cache on (a second round
    reuses cached prefixes, whose draft K/V the draft cache kept) and off with chunked prefill (16-token chunks);
    drafts are accepted but not all of them (0 < accepted drafts per verify < 7); every verify layer of every
-   round ran the op;
+   round ran the op (counted in Python and, KDTREE_VERIFY_COUNT=1, on the device);
 b. the tree beats the chain: the same drafter as a chain of top-1 picks (KDTREE_DDTREE_TOPK=1, DFLASH's block)
    accepts fewer drafts per verify;
 c. log-probs come back for the accepted tokens, equal to the non-speculative run's;
 d. sampling: temperature 0.7 with a seed, a greedy request in the same batch: the greedy one stays lossless, and
-   the sampled ones are the target's own seeded sampling, position by position, so a best-first tree and a
-   top-1 chain emit the same tokens (SGLang's seeded non-speculative sampler, its deterministic-inference mode,
-   needs CUDA or XPU: "No supported accelerator"; the distribution's losslessness is test_ddtree_sampling_lossless's
-   chi-square on the op);
+   every token the sampled ones drew is the token SGLang's seeded torch sampler (`sampling_from_probs_torch` with
+   the seed: `multinomial_with_seed`, SGLang's hash run by Triton's interpreter) draws from the target's
+   distribution at that position, read from a non-speculative engine given the same prefix — an independent
+   sampler on the target's own logits. (SGLang's seeded engine itself cannot run here: its deterministic-inference
+   mode, the only one that passes per-request seeds to the sampler, needs CUDA or XPU, "No supported accelerator".)
+   A best-first tree and a top-1 chain emit the same tokens;
 e. refusals: a grammar-constrained request is aborted with SGLang's message and the server goes on; a bad
-   KDTREE_DDTREE_TOPK or a missing draft path fail at launch, naming the fix.
+   KDTREE_DDTREE_TOPK or a missing draft path fail at launch, naming the fix; so does a verify that would not run
+   the op (KDTREE_VERIFY=off over the intel_amx base, --attention-backend intel_amx), which gave wrong tokens.
 Token equality does not hinge on near-ties: every compared greedy token's margin in the reference is at least
 MIN_MARGIN.
 """
@@ -33,6 +36,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from requires import require
 
 require("sglang", "pip install -e '.[test,sglang]'")
@@ -105,7 +109,7 @@ def reference(host, models):
 
 @pytest.fixture(scope="module")
 def radix(host, models):
-    return _run(host, models["target"], rounds=2, **ddtree(models))
+    return _run(host, models["target"], rounds=2, env={"KDTREE_VERIFY_COUNT": "1"}, **ddtree(models))
 
 
 @pytest.fixture(scope="module")
@@ -170,6 +174,8 @@ def test_the_op_served_every_verify_layer(radix):
     (status,) = [s for s in radix["status"] if s["verify_steps"]]
     steps = status["verify_steps"]
     assert status["op_calls"] == {"0": steps, "1": steps} and status["base_calls"] == {}, status
+    # KDTREE_VERIFY_COUNT=1: the op's calls counted on the device agree (eager here; on a GPU, replays too).
+    assert status["device_op_calls"] == status["op_calls"] and status["device_non_finite"] == 0, status
     assert "DDTREE worker: trees of 16 tokens (budget 15), top-8 of 7 drafted positions" in radix["log"]
 
 
@@ -194,6 +200,95 @@ def test_logprobs_equal_the_non_speculative_run(reference, with_logprobs):
 
 
 # ---- d. sampling ------------------------------------------------------------------------------------------------
+
+
+def sglang_murmur_hash32(seed, positions, col_indices):
+    """SGLang's own murmur_hash32 kernel (kernels/ops/sampling/murmur_hash.py), run by Triton's interpreter on the
+    CPU: on a CPU device SGLang calls sgl_kernel's murmur_hash32_cpu, which no published wheel has."""
+    import importlib.util
+    import os
+
+    import sglang
+
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the module's @triton.jit runs
+    try:
+        spec = importlib.util.spec_from_file_location("sglang_murmur_interpreted",
+                                                      sglang.__path__[0] + "/kernels/ops/sampling/murmur_hash.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        if saved is None:
+            os.environ.pop("TRITON_INTERPRET")
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+    out = torch.empty((seed.shape[0], col_indices.shape[0]), dtype=torch.uint32)
+    module.murmur_hash32_kernel[(seed.shape[0], 1)](seed, positions, col_indices, out, seed.shape[0],
+                                                    col_indices.shape[0], BLOCK_SIZE=1024)
+    return out
+
+
+def sglang_seeded_draws(logprobs, temperature: float, seed: int, positions):
+    """SGLang's torch sampler on the target's distributions [n, V] (log-probs: logits up to a constant) for a
+    temperature-only request: logits / T, softmax, then `sampling_from_probs_torch` with the request's seed and each
+    draw's position (its input token's), i.e. `multinomial_with_seed`: argmax of log p + Gumbel(hash(seed, position,
+    vocab id)) in float64. Returns (tokens [n], each draw's margin between its two best scores)."""
+    from unittest import mock
+
+    from sglang.srt.layers import sampler
+
+    probs = torch.softmax(logprobs / temperature, dim=-1)
+    seeds = torch.full((probs.shape[0],), seed, dtype=torch.int64)
+    # SGLang compiles multinomial_with_seed with torch.compile; dynamo cannot trace Triton's interpreter, so the
+    # sampler runs eagerly (the same Python, the same arithmetic)
+    with mock.patch.object(sampler, "murmur_hash32", sglang_murmur_hash32), torch.compiler.set_stance("force_eager"):
+        tokens = sampler.sampling_from_probs_torch(probs, sampling_seed=seeds, positions=positions)
+        hashed = sglang_murmur_hash32(seeds.to(torch.uint64), positions, torch.arange(probs.shape[1]))
+    u = hashed.to(torch.float64) / torch.iinfo(torch.uint32).max  # multinomial_with_seed's Gumbel, for the margin
+    gumbel = -torch.log(-torch.log(u).clamp(min=torch.finfo(torch.float64).min, max=-(2.0 ** -32)))
+    top2 = (torch.log(probs).double() + gumbel).topk(2, dim=-1).values
+    return tokens.long(), top2[:, 0] - top2[:, 1]
+
+
+@pytest.fixture(scope="module")
+def target_distributions(host, models, sampled):
+    """The target's log-probs over the whole vocabulary [len(output), V] at every position of each DDTREE output:
+    the non-speculative engine reads prompt + output as its input (input log-probs of every token)."""
+    host.start(models["target"], attention_backend="torch_native")
+    try:
+        outs = host.request("generate", input_ids=[p + ids for p, ids in zip(PROMPTS, sampled["ids"])],
+                            sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                            top_logprobs_num=tiny_models.VOCAB, logprob_start_len=0)["outputs"]
+    finally:
+        host.stop()
+    host.new_log()
+    result = []
+    for prompt, out in zip(PROMPTS, outs):
+        rows = out["meta_info"]["input_top_logprobs"][len(prompt):]  # row i: the distribution of output token i
+        dist = torch.full((len(rows), tiny_models.VOCAB), -torch.inf)
+        for i, row in enumerate(rows):
+            for logprob, token, _text in row:
+                dist[i, token] = logprob
+        result.append(dist)
+    return result
+
+
+def test_sampled_ddtree_draws_sglang_s_seeded_torch_sampler_tokens(sampled, target_distributions):
+    """Every token DDTREE drew (all but the first, which the prefill draws with SGLang's own unseeded sampler) is the
+    token SGLang's seeded torch sampler draws from the target's distribution at that position, given the tokens
+    before it: an independent sampler (SGLang's code and hash, not the op's) on the target's logits from a
+    non-speculative engine. Equality does not hinge on near-ties: every compared draw's margin is >= MIN_MARGIN."""
+    compared = 0
+    for prompt, ids, dist, params in zip(PROMPTS, sampled["ids"], target_distributions, sampled_params(True)):
+        if params["temperature"] == 0:
+            continue
+        assert dist.shape == (len(ids), tiny_models.VOCAB) and torch.isfinite(dist).all()
+        positions = torch.arange(1, len(ids)) + len(prompt) - 1  # draw j's input token sits at prompt + j - 1
+        want, margin = sglang_seeded_draws(dist[1:], params["temperature"], params["sampling_seed"], positions)
+        assert margin.min() >= MIN_MARGIN, margin.min()
+        assert ids[1:] == want.tolist()
+        compared += len(ids) - 1
+    assert compared == 3 * (NEW_TOKENS - 1)
 
 
 def test_sampled_ddtree_is_the_target_s_seeded_sampling_whatever_the_tree(reference, sampled, sampled_chain):
@@ -229,6 +324,20 @@ def test_a_grammar_request_is_refused_and_the_server_goes_on(host, models, refer
 def test_bad_launch_arguments_fail_naming_the_fix(host, models, engine, env, message):
     with pytest.raises(EngineError, match=message):
         host.start(models["target"], env=env, **{**ddtree(models), **engine})
+    host.new_log()
+
+
+@pytest.mark.parametrize("engine, env, fix", [
+    ({}, {"KDTREE_BASE_BACKEND": "intel_amx", "KDTREE_VERIFY": "off"}, "KDTREE_VERIFY=off"),
+    ({"attention_backend": "intel_amx"}, {}, "--attention-backend kdtree"),
+], ids=["verify-off-over-intel_amx", "intel_amx-backend"])
+def test_a_verify_that_would_not_run_the_op_is_refused_at_launch(host, models, engine, env, fix):
+    """DDTREE's verify input carries its tree only as the op's packed mask: another kernel would attend causally over
+    the flattened tree (seen before this refusal, over intel_amx with KDTREE_VERIFY=off: tokens [234, 171, 259, 146,
+    108, ...] where generation without speculation gives [234, 171, 259, 167, 70, ...])."""
+    with pytest.raises(EngineError, match="DDTREE verifies its trees only through the kdtree op") as info:
+        host.start(models["target"], env=env, **{**ddtree(models), **engine})
+    assert fix in str(info.value)
     host.new_log()
 
 

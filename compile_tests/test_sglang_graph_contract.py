@@ -60,3 +60,43 @@ def test_compiled_verify_layer_is_one_graph(base_calls, save_kv_cache):
         out = torch.compile(verify, fullgraph=True)(step.q, step.k, step.v)
     torch.testing.assert_close(out.reshape(step.n, -1).double(), step.reference(0), atol=2e-2, rtol=2e-2)
     assert base_calls == []
+
+
+# ---- a device-side count of the op's calls (KDTREE_VERIFY_COUNT=1) --------------------------------------------
+
+
+def test_device_count_of_op_calls_per_layer(monkeypatch, base_calls):
+    """Each verify layer call also runs record_divergence on the op's first output row against itself, into that
+    layer's stats row: calls counted on the device (so inside replayed graphs too, where no Python runs), and
+    non-finite outputs of that row; status() reads them outside graphs. The Python counters stay per eager call."""
+    monkeypatch.setenv("KDTREE_VERIFY_COUNT", "1")
+    rig = Rig(num_layers=2)
+    backend = rig.backend
+    steps = 3
+    for seed in range(steps):
+        step = Step(rig, (5 + seed, 9), seed=seed)
+        fb = step.forward_batch()
+        backend.init_forward_metadata(fb)
+        assert_served(rig, step, run_layers(rig, step, fb), base_calls)
+    status = backend.status()
+    assert status["device_op_calls"] == {"0": steps, "1": steps}
+    assert status["device_non_finite"] == 0
+    # A poisoned output row is seen: the count of non-finite elements of the first row.
+    step = Step(rig, (4, 4), seed=7)
+    fb = step.forward_batch()
+    backend.init_forward_metadata(fb)
+    rig.pool.get_value_buffer(0)[step.slots[0][0]] = float("nan")  # a prefix row every query of request 0 sees
+    run_layers(rig, step, fb)
+    status = backend.status()
+    assert status["device_op_calls"] == {"0": steps + 1, "1": steps + 1}
+    assert status["device_non_finite"] > 0
+
+
+def test_no_device_count_by_default(monkeypatch, base_calls):
+    monkeypatch.delenv("KDTREE_VERIFY_COUNT", raising=False)
+    rig = Rig(num_layers=1)
+    step = Step(rig, (5, 9), seed=1)
+    fb = step.forward_batch()
+    rig.backend.init_forward_metadata(fb)
+    run_layers(rig, step, fb)
+    assert "device_op_calls" not in rig.backend.status()

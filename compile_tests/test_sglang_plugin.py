@@ -84,7 +84,10 @@ def _spawned_load_plugins(queue) -> None:
         from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
         ddtree = SpeculativeAlgorithm.from_string("ddtree")
+        from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+
         queue.put({
+            "graph_spec_info_hooked": getattr(DecodeCudaGraphRunner.get_spec_info, "__wrapped__", None) is not None,
             "ddtree": [type(ddtree).__name__, ddtree.name, ddtree.is_speculative(), ddtree.is_dflash()],
             "registered": factory is not None,
             "factory": f"{factory.__module__}.{factory.__qualname__}" if factory else None,
@@ -93,7 +96,8 @@ def _spawned_load_plugins(queue) -> None:
             "hooked": hasattr(dflash_utils.resolve_dflash_verify_mask_policy, "__wrapped__"),
             "policy": {n: list(dflash_utils.resolve_dflash_verify_mask_policy(o)) for n, o in named.items()},
             "lazy": {m: m in sys.modules for m in ("kdtree_ops.sglang.backend", "kdtree_ops.ops",
-                                                   "kdtree_ops.sglang.ddtree_worker")},
+                                                   "kdtree_ops.sglang.ddtree_worker",
+                                                   "kdtree_ops.sglang.ddtree_spec_info")},
             "cached_build": bool(getattr(sys.modules.get("kdtree_ops.build"), "_loaded_library", None)),
             "register_src": inspect.getsourcefile(factory) if factory else None,
         })
@@ -127,9 +131,11 @@ def test_spawned_process_load_plugins_registers_kdtree():
     # register() is cheap: the backend module is not imported, and the ops library is loaded only where a finished
     # build for this machine was cached (import kdtree_ops: a dlopen, no compiling).
     assert result["lazy"] == {"kdtree_ops.sglang.backend": False, "kdtree_ops.ops": result["cached_build"],
-                              "kdtree_ops.sglang.ddtree_worker": False}
-    # --speculative-algorithm DDTREE comes from the same entry point (its worker imported only when built).
+                              "kdtree_ops.sglang.ddtree_worker": False, "kdtree_ops.sglang.ddtree_spec_info": False}
+    # --speculative-algorithm DDTREE comes from the same entry point (its worker imported only when built), and its
+    # decode graphs are captured with its spec info (the AFTER hook on DecodeCudaGraphRunner.get_spec_info).
     assert result["ddtree"] == ["DDTreeAlgorithm", "DDTREE", True, False]
+    assert result["graph_spec_info_hooked"]
 
 
 def test_launch_server_help_lists_kdtree():
@@ -276,11 +282,12 @@ def test_dflash_policy_hook_answers_the_base_s_policy(registered):
 
 
 def test_internal_state_hook_reports_live_backends(registered):
-    """The scheduler's get_internal_state answer gains the process's kdtree backends' status (plain values)."""
+    """The scheduler's get_internal_state answer gains the process's kdtree backends' status (plain values), and
+    the same per TP rank (the engine at tp_size=2 gathers two: test_sglang_tp_engine.py)."""
     import sys
     from types import SimpleNamespace
 
-    from kdtree_ops.sglang.plugin import STATE_KEY, internal_state_hook
+    from kdtree_ops.sglang.plugin import RANKS_STATE_KEY, STATE_KEY, internal_state_hook
 
     result = SimpleNamespace(internal_state={"other": 1})
     if "kdtree_ops.sglang.backend" not in sys.modules:  # no backend module: nothing to report, nothing imported
@@ -294,6 +301,8 @@ def test_internal_state_hook_reports_live_backends(registered):
     assert internal_state_hook(result, object()) is None
     (status,) = [s for s in result.internal_state[STATE_KEY] if s["op_calls"] == {"1": 3}]
     assert status["base"] == "triton" and status["verify_mode"] == "on" and "everything else by triton" in status["status"]
+    (rank,) = result.internal_state[RANKS_STATE_KEY]  # one process, no TP group: this rank alone, as rank 0
+    assert rank["tp_rank"] == 0 and rank[STATE_KEY] == result.internal_state[STATE_KEY]
     json.dumps(result.internal_state)  # what SGLang ships across the process boundary
 
 

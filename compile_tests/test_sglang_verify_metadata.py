@@ -27,6 +27,7 @@ from kdtree_ops.sglang.verify_metadata import (  # noqa: E402
     mask_layout,
     mask_words,
     packed_tree_mask,
+    prefix_kv,
 )
 from kdtree_ops.testing.trees import ancestor_mask, ancestor_matrix, random_tree  # noqa: E402
 
@@ -88,6 +89,24 @@ def test_prefix_slots_from_req_to_token():
     expect = torch.cat([req_to_token[4, :7], req_to_token[2, :31]])
     assert torch.equal(out[:38], expect)
     assert torch.all(out[38:-1] == -1)  # nothing written past the requests but the scratch slot
+
+
+def test_prefix_kv_fresh_and_into_static_buffers():
+    """Request 0 reads table row 2 (3 slots), request 1 row 0 (5): kv_indptr [0, 3, 8] and their slots, in fresh
+    tensors sized by the host lengths (else by the table's width) or in static buffers, written only there."""
+    req_to_token = torch.arange(100, 124, dtype=torch.int32).view(4, 6)
+    rows, lens = torch.tensor([2, 0]), torch.tensor([3, 5], dtype=torch.int32)
+    slots = [112, 113, 114, 100, 101, 102, 103, 104]
+    for host_lens, size in ((lens.clone(), 2 * 5 + 1), (None, 2 * 6 + 1)):
+        kv_indptr, kv_indices = prefix_kv(req_to_token, rows, lens, host_lens)
+        assert kv_indptr.tolist() == [0, 3, 8] and kv_indices[:8].tolist() == slots
+        assert kv_indices.shape == (size,) and kv_indptr.dtype == kv_indices.dtype == torch.int32
+    indptr_buffer = torch.full((5,), -1, dtype=torch.int32)
+    indices_buffer = torch.full((4 * 6 + 1,), -7, dtype=torch.int32)
+    kv_indptr, kv_indices = prefix_kv(req_to_token, rows, lens, lens.clone(), indptr_buffer, indices_buffer, 6)
+    assert kv_indptr.data_ptr() == indptr_buffer.data_ptr() and kv_indices is indices_buffer
+    assert indptr_buffer.tolist() == [0, 3, 8, -1, -1]
+    assert indices_buffer[:8].tolist() == slots and indices_buffer[8:-1].eq(-7).all()  # the last entry: scratch
 
 
 def _graph_batch(req_to_token, slots, prefix_lens, bs, custom_mask, padding):

@@ -2,8 +2,12 @@
 # The GPU suite: the one command that produces the committed GPU results (examples/results/).
 #
 #   . gpu/setup.sh && bash examples/gpu_suite.sh RESULTS_DIR [PART ...]
+#   . gpu-engine/setup.sh compile_tests/sglang_gpu/stand_in --no-jit && bash examples/gpu_suite.sh RESULTS_DIR engine
 #
-# Run from the repository root on the GPU machine. The parts (default: all three, in this order):
+# On the lent machine, where at most 8 files under $OUT come back, write RESULTS_DIR outside $OUT and pack it:
+#   bash examples/gpu_suite.sh /tmp/r PART...; tar czf "$OUT/results.tgz" -C /tmp/r .
+#
+# Run from the repository root on the GPU machine. The parts (default: the first three, in this order):
 #   native    build the library (JIT, this GPU's arch, with its time); pytest -m cuda over compile_tests (CUDA
 #             numerics incl. fp8 caches, CUDA graphs, reduce-overhead, opcheck, the DDTree ops and loop, the
 #             has-kernel answer and the gate), then the bad-input cases (each in a process of its own, forked from a
@@ -17,6 +21,23 @@
 #             emulated class (and from the 99 KB class's run an estimate for the RTX PRO 6000), bench --ddtree, and
 #             the gather probe (examples/gather_probe.cu, Hopper). Run it first where a call holds one part: it is the
 #             only part no test replaces
+#   engine    real sglang.Engines, CUDA graphs on, bf16, through kdtree over the triton base (compile_tests/sglang_gpu/
+#             engine_suite.py): no speculation, NGRAM, EAGLE topk 4, DFLASH, DDTREE at budgets 16-1023, torch.compile,
+#             the overlap scheduler (ddtree64-overlap), seeded sampling, per model (KDTREE_ENGINE_MODELS, default
+#             tiny,mla,llama8b; KDTREE_ENGINE_ONLY: a regex of model/config names); where two GPUs are visible also
+#             tp_size=2 (NCCL, multicast off): no speculation, NGRAM, EAGLE topk 4, DDTREE 16 and 64 (`*-tp2`, e.g.
+#             KDTREE_ENGINE_ONLY=tp2 on a 2-GPU kind). Needs the engine bundle (shared/gpu-engine) instead of
+#             shared/gpu: a call of its own
+#   enginebench  python -m kdtree_ops bench --engine on the Llama-3-8B-shaped target at two drafter agreement levels
+#             (compile_tests/sglang_gpu/engine_bench_gpu.py; KDTREE_ENGINEBENCH_ARGS: more bench options): tokens/s at
+#             batch 1-32 for no speculation, DFLASH (its verify and kdtree's) and DDTREE 16-1023, DDTREE's round time
+#             split. The engine bundle, like `engine`
+#   wheel     the binary wheel on this GPU (not among the default parts; name it): the JIT build's time from import
+#             to the first op call with an empty cache (it compiles for this GPU) and with its build cached; the wheel
+#             built from that build here (python -m kdtree_ops build --wheel: this machine's torch and Python, so it
+#             matches; a wheel from another torch would fall back to JIT) into RESULTS_DIR/wheel/dist, installed in a
+#             fresh venv (--system-site-packages, offline, no compiler on PATH, an empty cache), its time to the first
+#             op call, and the CUDA numerics suites served by it (the cache must stay empty: nothing compiled)
 # Each part writes RESULTS_DIR/<part>/ and appends its stages to RESULTS_DIR/stages.tsv; every run rebuilds
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
 # call of 10 minutes does not hold all three) into one results folder. KDTREE_OPS_UNVERIFIED=1 is set: the suite is
@@ -26,18 +47,30 @@
 # KDTREE_SUITE_TESTS names the test files of native/tests (default: compile_tests).
 set -u -o pipefail
 
-out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench]}
+out=${1:?usage: bash examples/gpu_suite.sh RESULTS_DIR [native] [emulated] [bench] [engine] [enginebench] [wheel]}
 shift
 parts=("$@")
 (( ${#parts[@]} )) || parts=(native emulated bench)
 for part in "${parts[@]}"; do
-  case $part in native|emulated|bench) ;; *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;; esac
+  case $part in native|emulated|bench|engine|enginebench|wheel) ;; *) echo "gpu_suite.sh: unknown part '$part'" >&2; exit 2 ;; esac
 done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 exec > >(tee -a "$out/suite.log") 2>&1
+
+# An Engine finds kdtree's backend and DDTREE through the package's entry point, so the checkout is installed (no
+# dependencies; the checkout stays first on the engines' PYTHONPATH, so the installed copy only lends its entry point;
+# the machine has no registry: hatchling and its needs come as wheels in KDTREE_HATCHLING_WHEELS).
+install_for_engines() {
+  if ! $py -c "import importlib.metadata as m; m.distribution('kdtree-ops')" 2>/dev/null; then
+    mkdir -p /tmp/hatch && $py -m pip install -q --no-index --no-deps --target /tmp/hatch \
+      "${KDTREE_HATCHLING_WHEELS:-.whl}"/*.whl && PYTHONPATH=/tmp/hatch $py -m pip install -q \
+      --no-index --no-deps --no-build-isolation . > "$out/install.log" 2>&1 || echo "install of kdtree-ops failed"
+  fi
+  $py -c "import importlib.metadata as m; print([e.value for e in m.entry_points(group='sglang.srt.plugins')])"
+}
 
 budget=${KDTREE_SUITE_BUDGET_S:-560}
 start=$(date +%s)
@@ -114,7 +147,7 @@ print("torch:", torch.__version__, "cuda", torch.version.cuda)
 if torch.cuda.is_available():
     p = torch.cuda.get_device_properties(0)
     print(f"device: {p.name} (sm_{p.major}{p.minor}, {p.multi_processor_count} SMs, {p.total_memory / 2**30:.0f} GiB)")
-for mod in ("triton", "sglang"):
+for mod in ("triton", "sglang", "transformers"):
     try:
         print(f"{mod}:", __import__(mod).__version__)
     except Exception as e:
@@ -195,6 +228,59 @@ for part in "${parts[@]}"; do
         -o '$probe_dir/gather_probe' && '$probe_dir/gather_probe'"
       rm -rf "$probe_dir"
     fi
+    ;;
+  engine)
+    install_for_engines
+    # The library builds in the background while the first (non-kdtree) engines run; a kdtree engine's scheduler
+    # waits on the build's lock (kdtree_ops/build.py) if it is not done yet. The models run side by side, each in
+    # its own suite process (its own engines; the GPU holds them all): their tokens/s are not a benchmark.
+    mkdir -p "$out/engine"
+    ( t=$(date +%s); $py -c "import kdtree_ops.ops" > "$out/engine/build.log" 2>&1; \
+      echo "build+load: $(( $(date +%s) - t )) s (exit $?)" >> "$out/engine/build.log" ) &
+    models=${KDTREE_ENGINE_MODELS:-tiny,mla,llama8b}
+    stage engine engines "$(( budget - 60 ))" 0 bash -c "cd compile_tests && for m in ${models//,/ }; do \
+      $py -m sglang_gpu.engine_suite --out '$out/engine/'\$m --models \$m --only '${KDTREE_ENGINE_ONLY:-}' \
+      --budget-s ${KDTREE_ENGINE_START_S:-$(( budget - 150 ))} > '$out/engine/'\$m.out 2>&1 & done; wait; \
+      tail -n 30 '$out/engine/'*.out; $py -m sglang_gpu.engine_report '$out/engine'"
+    ;;
+  enginebench)
+    install_for_engines
+    mkdir -p "$out/enginebench"
+    # The library builds in the background while the first (non-kdtree) configurations run, as in `engine`.
+    ( t=$(date +%s); $py -c "import kdtree_ops.ops" > "$out/enginebench/build.log" 2>&1; \
+      echo "build+load: $(( $(date +%s) - t )) s (exit $?)" >> "$out/enginebench/build.log" ) &
+    stage enginebench bench "$(( budget - 30 ))" 0 bash -c "cd compile_tests && $py -m sglang_gpu.engine_bench_gpu \
+      --out '$out/enginebench' ${KDTREE_ENGINEBENCH_ARGS:-}; cat '$out'/enginebench/*/engine_bench.md"
+    ;;
+  wheel)
+    # Every stage in a folder of its own: the JIT cache starts empty, so the first call times the compile.
+    wdir=$(mktemp -d /tmp/kdtree_wheel.XXXXXX)
+    mkdir -p "$out/wheel/dist" && rm -f "$out"/wheel/dist/*.whl
+    stage wheel jit_first_call 300 200 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py examples/first_call.py \
+      --expect cache
+    stage wheel jit_cached_first_call 60 180 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py examples/first_call.py \
+      --expect cache
+    # The same targets as the JIT build (this GPU's), so the wheel packs that build without compiling again.
+    stage wheel build_wheel 300 150 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py -m kdtree_ops build --wheel \
+      --out "$out/wheel/dist"
+    # --no-deps: this machine's torch may lack a dependency's wheel offline (CI installs with the pinned requirements).
+    stage wheel install 120 120 bash -c "$py -m venv --without-pip --system-site-packages '$wdir/venv' && $py -m pip \
+      --python '$wdir/venv/bin/python' install --no-index --no-deps '$out'/wheel/dist/kdtree_ops-*.whl"
+    # No CUDA toolkit named, the checkout off PYTHONPATH and not the working folder (the installed package serves),
+    # an empty build cache (checked empty afterwards: nothing compiled). The first call runs with the venv alone on
+    # PATH (no compiler at all); the numerics keep the system's C compiler on PATH, which Triton and Inductor need
+    # for their own kernels (reduce-overhead), while the empty cache shows the library was not built.
+    wheel_env=(env -u CUDA_HOME -u CUDA_PATH KDTREE_OPS_CACHE_DIR="$wdir/wheel_cache"
+               PYTHONPATH="$(printf '%s' "${PYTHONPATH:-}" | tr ':' '\n' | grep -vxF "$repo" | paste -sd:)")
+    stage wheel wheel_first_call 120 100 "${wheel_env[@]}" PATH="$wdir/venv/bin" /bin/bash -c "cd '$wdir' && \
+      '$wdir/venv/bin/python' '$repo/examples/first_call.py' --expect prebuilt"
+    stage wheel numerics 240 0 "${wheel_env[@]}" PATH="$wdir/venv/bin:/usr/bin:/bin" /bin/bash -c "cd '$wdir' && \
+      '$wdir/venv/bin/python' -m pytest \
+      '$repo/compile_tests/test_cuda_numerics.py' '$repo/compile_tests/test_cuda_fp8.py' \
+      '$repo/compile_tests/test_cuda_graphs.py' '$repo/compile_tests/test_cuda_ddtree.py' -m cuda -q \
+      -p no:cacheprovider --durations=5 --junitxml='$out/wheel/pytest_cuda.xml'; rc=\$?; \
+      '$wdir/venv/bin/python' '$repo/examples/first_call.py' --expect prebuilt || rc=1; exit \$rc"
+    rm -rf "$wdir"
     ;;
   esac
 done

@@ -54,6 +54,33 @@ def sanitizer_summary(log: Path) -> str:
     return "; ".join(lines) if lines else "no summary line (see its log)"
 
 
+FIRST_CALLS = (("jit_first_call", "JIT, empty cache (compiles)"), ("jit_cached_first_call", "JIT, build cached"),
+               ("wheel_first_call", "binary wheel in a fresh venv"))
+
+
+def wheel_summary(wheel: Path) -> list[str]:
+    """The wheel part: the wheel written, each run's time from `import kdtree_ops.ops` to the first op call's result
+    (examples/first_call.py's `first_call {json}` line) and the numerics the installed wheel served."""
+    import json
+
+    lines = [f"- `{w.name}` ({w.stat().st_size / 2**20:.1f} MiB)" for w in sorted((wheel / "dist").glob("*.whl"))]
+    lines += ["", "| run | import → first op call (s) | library | builds in its cache after | max abs error |",
+              "|---|---|---|---|---|"]
+    for stage, name in FIRST_CALLS:
+        log = wheel / f"{stage}.log"
+        found = re.findall(r"^first_call (\{.*\})$", log.read_text(errors="replace"), re.M) if log.exists() else []
+        if not found:
+            lines.append(f"| {name} | no result (see wheel/{stage}.log) | | | |")
+            continue
+        r = json.loads(found[0])
+        library = "wheel's prebuilt" if r["prebuilt"] else "JIT cache"
+        lines.append(f"| {name} | {r['seconds']} | {library} (CUDA sm_{', sm_'.join(r['archs']) or 'none'}) | "
+                     f"{len(r['cache_builds'])} | {r['max_abs_error']:.2e} |")
+    return lines + ["", "The installed wheel's CUDA numerics (`pytest test_cuda_numerics.py test_cuda_fp8.py "
+                    "test_cuda_graphs.py test_cuda_ddtree.py -m cuda` from the venv, then the cache checked empty): "
+                    + junit_summary(wheel / "pytest_cuda.xml", wheel / "numerics.log"), ""]
+
+
 def main(out: Path) -> None:
     lines = ["# GPU suite results", ""]
     for env in sorted(out.glob("environment-*.txt")):
@@ -99,6 +126,16 @@ def main(out: Path) -> None:
         probe = bench / "gather_probe.log"
         if probe.exists():
             lines += ["", "## Gather probe (`examples/gather_probe.cu`)", "", "```", probe.read_text().strip(), "```"]
+    engine = out / "engine" / "summary.md"
+    if engine.exists():
+        lines += ["", "## SGLang engines, CUDA graphs on (compile_tests/sglang_gpu/engine_suite.py)", "",
+                  engine.read_text()]
+    for table in sorted((out / "enginebench").glob("*/engine_bench.md")):
+        lines += ["", f"## End to end (`python -m kdtree_ops bench --engine`), {table.parent.name}", "",
+                  table.read_text()]
+    if (out / "wheel").exists():
+        lines += ["", "## Binary wheel (`python -m kdtree_ops build --wheel`, built and installed on this machine)", ""]
+        lines += wheel_summary(out / "wheel")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 

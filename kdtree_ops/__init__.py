@@ -1,7 +1,7 @@
 """kdtree_ops: tree speculative-decoding verify attention as PyTorch custom ops.
 
-`import kdtree_ops` registers `torch.ops.kdtree.*` when a complete build for this machine is already cached (a
-dlopen, no compiling, no CUDA initialization), and otherwise stays cheap: the SGLang plugin imports this package
+`import kdtree_ops` registers `torch.ops.kdtree.*` when a binary wheel's prebuilt library serves this machine or a
+complete build for it is already cached (a dlopen, no compiling, no CUDA initialization), and otherwise stays cheap: the SGLang plugin imports this package
 in every process; `torch.ops.kdtree.<op>` then raises an AttributeError that says to call `kdtree_ops.load()`.
 `kdtree_ops.load()` builds when needed and registers the ops; `import kdtree_ops.ops` (the typed wrappers and
 fakes) calls it, and so does the first use of an op through this module.
@@ -27,7 +27,8 @@ __all__ = ["load", *_OPS]
 
 
 def load(archs: list[str] | None = None) -> Path:
-    """Builds the ops library if no cached build serves this machine, loads it and registers `torch.ops.kdtree.*`.
+    """Builds the ops library if neither a binary wheel's prebuilt library nor a cached build serves this machine,
+    loads it and registers `torch.ops.kdtree.*`.
 
     archs: CUDA targets to build for (e.g. ["80", "90a", "120"]) instead of KDTREE_OPS_CUDA_ARCHS, PyTorch's
     TORCH_CUDA_ARCH_LIST or the visible GPUs. Returns the library's path; later calls return it at once.
@@ -84,4 +85,5 @@ try:
 except Exception as exc:  # a broken cache entry must not break `import kdtree_ops`; load() rebuilds or says why
     import sys
 
-    print(f"kdtree_ops: the cached build could not be loaded ({type(exc).__name__}: {exc})", file=sys.stderr)
+    print(f"kdtree_ops: the prebuilt or cached build could not be loaded ({type(exc).__name__}: {exc})",
+          file=sys.stderr)

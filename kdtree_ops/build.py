@@ -1,9 +1,11 @@
 """JIT build of csrc/ into one shared library, cached by what it holds, loaded once per process.
 
-A build is keyed by its sources, compiler flags, compilers, torch and Python versions, and the CUDA targets it
-holds; its folder records those targets (`build.json`, written last: a killed build leaves none). Loading takes
-any complete cached build of the same sources that covers this machine, so an image prebuilt for several
-targets (`python -m kdtree_ops build --archs "80;90a;120"`) serves every GPU it covers without compiling.
+A build is keyed by its sources, compiler flags, compilers, torch version and the CUDA targets it holds (not by
+Python's: the library uses no Python API, torch.ops.load_library dlopens it); its folder records those targets
+(`build.json`, written last: a killed build leaves none). Loading takes the binary wheel's prebuilt library when
+it serves this process (prebuilt.py: built against this torch, from these sources, for targets that cover this
+machine), else any complete cached build of the same sources that covers this machine, so an image prebuilt for
+several targets (`python -m kdtree_ops build --archs "80;90a;120"`) serves every GPU it covers without compiling.
 Processes that start together (SGLang's TP ranks) share one build: they serialize on a file lock and re-check
 for the finished library after locking.
 
@@ -33,6 +35,9 @@ import time
 from pathlib import Path
 
 import torch
+
+from . import prebuilt
+from .linkage import check_linkage, share_cxx_runtime
 
 _loaded_library: Path | None = None
 _MANIFEST = "build.json"
@@ -266,8 +271,9 @@ def cache_dir() -> Path:
 
 
 def _source_key(root: Path | None = None) -> str:
-    """Digest of every source and header (CPU and CUDA) and of the torch and Python they build against: builds
-    of any target set from the same sources share it, and loading takes only builds that carry it."""
+    """Digest of every source and header (CPU and CUDA) and of the torch they build against: builds of any target
+    set from the same sources share it, and loading takes only builds that carry it. Python's version is not in
+    it: the library calls no Python API (wheel.py checks its symbols), so one build serves every Python."""
     root = source_root() if root is None else root
     digest = hashlib.sha256()
     patterns = ("*.cpp", "*.h", "cpu/*", "cuda/*.cu", "cuda/*.cuh", "cuda/*.h")
@@ -275,7 +281,7 @@ def _source_key(root: Path | None = None) -> str:
         digest.update(str(path.relative_to(root)).encode())  # where the sources sit is not part of the build
         digest.update(path.read_bytes())
     digest.update(Path(__file__).read_bytes())  # how it is built (flags, link) belongs to what is built
-    digest.update(repr((torch.__version__, torch.version.cuda, sys.version_info[:2])).encode())
+    digest.update(repr((torch.__version__, torch.version.cuda)).encode())
     return digest.hexdigest()[:16]
 
 
@@ -305,48 +311,76 @@ def _complete_builds() -> list[tuple[Path, list[str]]]:
     return sorted(found, key=lambda item: (len(item[1]), str(item[0])))
 
 
-def _serves(targets: list[str], wanted: list[str] | None, capabilities: list[str]) -> bool:
-    """Whether a build of `targets` serves: it holds every requested target (or, with none requested, covers
-    every visible GPU); KDTREE_OPS_CPU_ONLY=1 takes only a CPU-only build."""
+def _unserved_reason(targets: list[str], wanted: list[str] | None, capabilities: list[str]) -> str:
+    """Why a build of `targets` does not serve ("" when it does): it must hold every requested target (or, with
+    none requested, cover every visible GPU); KDTREE_OPS_CPU_ONLY=1 takes only a CPU-only build."""
     if cpu_only_requested():
-        return not targets
+        return "KDTREE_OPS_CPU_ONLY=1 asks for a CPU-only build" if targets else ""
     if wanted is not None:
-        return set(wanted) <= set(targets)
-    return all(covers(targets, c) for c in supported_capabilities(capabilities))
+        missing = sorted(set(wanted) - set(targets))
+        return f"the requested CUDA targets sm_{', sm_'.join(missing)} are not among its own" if missing else ""
+    uncovered = [c for c in supported_capabilities(capabilities) if not covers(targets, c)]
+    return f"it has no code for the GPU(s) sm_{', sm_'.join(uncovered)}" if uncovered else ""
+
+
+def _serves(targets: list[str], wanted: list[str] | None, capabilities: list[str]) -> bool:
+    return not _unserved_reason(targets, wanted, capabilities)
 
 
 def _register(library: Path) -> Path:
     global _loaded_library
-    _share_cxx_runtime()
+    share_cxx_runtime()
     torch.ops.load_library(str(library))
     _loaded_library = library
     return library
 
 
-def load_cached() -> Path | None:
-    """Loads a complete cached build that serves this machine, without compiling or initializing CUDA.
+def _load_built(wanted: list[str] | None, capabilities: list[str]) -> Path | None:
+    """Loads, without compiling, the wheel's prebuilt library when it serves this process, else the smallest
+    complete cached build that serves this machine; returns its path, or None (nothing loaded).
 
-    Returns its path, or None (nothing loaded) when none is cached or the GPUs cannot be known without CUDA.
+    A prebuilt library passed over (another torch, other sources, targets that miss this machine, a failed
+    dlopen) is named in one line with the reason: the JIT build takes over, compiling on first use.
     """
-    if _loaded_library is not None:
-        return _loaded_library
-    capabilities = visible_capabilities(initialize_cuda=False)
-    if capabilities is None:
-        return None
-    wanted = requested_archs() if with_cuda() else None
+    shipped = prebuilt.shipped()
+    if shipped is not None:
+        library, meta = shipped
+        why = prebuilt.mismatch(meta, _source_key()) or _unserved_reason(meta.get("archs", []), wanted, capabilities)
+        if not why:
+            try:
+                return _register(library)
+            except OSError as exc:  # dlopen: e.g. an older C library than the build machine's
+                why = f"it did not load ({exc})"
+        _note_once(f"kdtree_ops: not using the wheel's prebuilt library ({prebuilt.describe(meta)}): {why}; "
+                   "taking a JIT build instead (compiled into the cache on first use)")
     for library, targets in _complete_builds():
         if _serves(targets, wanted, capabilities):
             return _register(library)
     return None
 
 
+def load_cached() -> Path | None:
+    """Loads the wheel's prebuilt library or a complete cached build that serves this machine, without compiling
+    or initializing CUDA.
+
+    Returns its path, or None (nothing loaded) when none serves or the GPUs cannot be known without CUDA.
+    """
+    if _loaded_library is not None:
+        return _loaded_library
+    capabilities = visible_capabilities(initialize_cuda=False)
+    if capabilities is None:
+        return None
+    return _load_built(requested_archs() if with_cuda() else None, capabilities)
+
+
 def load(archs: list[str] | None = None, verbose: bool | None = None) -> Path:
-    """Builds (when no cached build serves this machine) and loads the library; returns its path.
+    """Builds (when neither the wheel's prebuilt library nor a cached build serves this machine) and loads the
+    library; returns its path.
 
     archs: CUDA targets to build for instead of the environment's choice (e.g. ["80", "90a", "120"] for an
     image). Safe to call repeatedly and concurrently; the ops are registered once per process.
     """
-    verbose = os.environ.get("KDTREE_OPS_VERBOSE", "0") not in ("", "0") if verbose is None else verbose
+    verbose = _verbose(verbose)
     if _loaded_library is not None:
         if archs is None or set(parse_archs(";".join(archs))) <= set(built_archs()):
             return _loaded_library
@@ -360,20 +394,29 @@ def load(archs: list[str] | None = None, verbose: bool | None = None) -> Path:
     capabilities = visible_capabilities()
     wanted = parse_archs(";".join(archs)) if archs is not None else (requested_archs() if with_cuda() else None)
     if archs is None:
-        for library, targets in _complete_builds():
-            if _serves(targets, wanted, capabilities):
-                return _register(library)
-    targets = wanted if wanted is not None else cuda_archs(capabilities)
-    if targets and not with_cuda():
-        raise RuntimeError(f"kdtree_ops: CUDA targets {targets} asked for, but "
-                           + ("KDTREE_OPS_CPU_ONLY is set" if cpu_only_requested() else
-                              "no CUDA toolkit (nvcc) was found and torch " + (
-                                  "has no CUDA" if torch.version.cuda is None else "has CUDA")))
-    return _register(_build(targets, verbose))
+        library = _load_built(wanted, capabilities)
+        if library is not None:
+            return library
+    return _register(_build(wanted if wanted is not None else cuda_archs(capabilities), verbose))
+
+
+def build_library(archs: list[str], verbose: bool | None = None) -> Path:
+    """Compiles the library for `archs` into the cache (or finds it built there) without loading it; returns its
+    path. A binary wheel (wheel.py) packs it."""
+    return _build(archs, _verbose(verbose))
+
+
+def _verbose(verbose: bool | None) -> bool:
+    return os.environ.get("KDTREE_OPS_VERBOSE", "0") not in ("", "0") if verbose is None else verbose
 
 
 def _build(archs: list[str], verbose: bool) -> Path:
     """Compiles the library for `archs` (empty: CPU only) into the cache, or finds it built; returns its path."""
+    if archs and not with_cuda():
+        raise RuntimeError(f"kdtree_ops: CUDA targets {archs} asked for, but "
+                           + ("KDTREE_OPS_CPU_ONLY is set" if cpu_only_requested() else
+                              "no CUDA toolkit (nvcc) was found and torch " + (
+                                  "has no CUDA" if torch.version.cuda is None else "has CUDA")))
     root = source_root()
     cuda = bool(archs)
     sources = _sources(root, cuda)
@@ -389,8 +432,8 @@ def _build(archs: list[str], verbose: bool) -> Path:
         if not manifest.exists():
             _compile(name, sources, flags, build_dir, archs, verbose)
             check_linkage(library)
-            meta = {"library": library.name, "archs": archs, "source_key": source_key,
-                    "torch": torch.__version__, "built": time.strftime("%Y-%m-%d %H:%M:%S")}
+            meta = {"library": library.name, "archs": archs, "source_key": source_key, **prebuilt.torch_build(),
+                    "built": time.strftime("%Y-%m-%d %H:%M:%S")}
             tmp = manifest.with_suffix(".tmp")
             tmp.write_text(json.dumps(meta, indent=1))
             tmp.replace(manifest)
@@ -407,59 +450,15 @@ def built_archs() -> list[str]:
         return []
 
 
-def _share_cxx_runtime() -> None:
-    """Puts the process's libstdc++.so.6 (loaded by torch) in the global symbol scope before the library loads.
-
-    torch loads it privately (RTLD_LOCAL), and a library opened with dlopen looks a symbol up in the global
-    scope first, then in itself, then in its dependencies: a C++ runtime symbol that the library defines too
-    (a template instance the compiler emitted) would bind to the library's own copy, and its streams would then
-    use another copy's locale facets. Made global, the one runtime wins every lookup.
-    """
-    import ctypes
-
-    try:
-        ctypes.CDLL("libstdc++.so.6", mode=os.RTLD_NOW | os.RTLD_GLOBAL | getattr(os, "RTLD_NOLOAD", 0))
-    except OSError:  # not loaded in this process (another C++ runtime): nothing to share
-        pass
-
-
-# Symbols of the C++ runtime's streams and locales. Defined in (or bound inside) the library, they make it use
-# a second copy of std::locale's facet ids, and formatting an integer (every TORCH_CHECK message with a number)
-# reads another copy's facets: a crash instead of an error.
-_RUNTIME_SYMBOL = re.compile(r"^_ZN(?:K?So|K?Si|St6locale|St8ios_base|KSt7num_put|St7num_put|St15basic_stringbuf)")
-
-
-def check_linkage(library: Path) -> None:
-    """Fails the build when the library does not depend on libstdc++.so; warns when it defines stream symbols.
-
-    Needs binutils (readelf, nm), which the link needed too, and checks nothing where they are missing. Stream
-    or locale symbols defined in the library are harmless once _share_cxx_runtime has run, so they only warn.
-    """
-    readelf, nm = shutil.which("readelf"), shutil.which("nm")
-    if readelf is None or nm is None:
-        return
-    needed = subprocess.run([readelf, "-d", str(library)], capture_output=True, text=True).stdout
-    defined = subprocess.run([nm, "-D", "--defined-only", str(library)], capture_output=True, text=True).stdout
-    own = sorted({line.split()[-1] for line in defined.splitlines() if _RUNTIME_SYMBOL.match(line.split()[-1])})
-    if own:
-        print(f"kdtree_ops: warning: {library.name} defines {len(own)} C++ stream/locale symbols of its own "
-              f"(e.g. {', '.join(own[:3])}); they are bound to the process's libstdc++ at load", file=sys.stderr)
-    if "libstdc++.so" not in needed:
-        raise RuntimeError(
-            f"kdtree_ops: the built library {library} does not depend on libstdc++.so (readelf -d): it carries a "
-            "C++ runtime of its own, and error messages that format integers would crash the process instead of "
-            "raising. Check the host compiler and linker (CXX, LDFLAGS, a -static-libstdc++ in the environment).")
-
-
 def _compile(name: str, sources: list[Path], flags: tuple[list[str], list[str], list[str]], build_dir: Path,
              archs: list[str], verbose: bool) -> None:
     """Compiles the library in a child process, never in this one.
 
     torch's cpp_extension.load always loads what it builds (is_python_module=False: torch.ops.load_library), and
     a process may register the kdtree schemas once: a second library aborts it, and the first would load before
-    the runtime sharing and the linkage check. The child loads this file alone (not the package, which would load
-    a cached build at import), builds, and exits; this process then checks the library and loads it through
-    _register."""
+    the runtime sharing and the linkage check. The child imports this module under a bare package object (not
+    the package's __init__, which would load a cached build at import), builds, and exits; this process then
+    checks the library and loads it through _register."""
     target = "CPU" + (" + CUDA " + ", ".join(f"sm_{a}" for a in archs) if archs else " only (no CUDA targets)")
     print(f"kdtree_ops: compiling {len(sources)} sources for {target} into {build_dir} "
           "(first use only; about a minute per target on a few cores) ...", file=sys.stderr, flush=True)
@@ -469,11 +468,11 @@ def _compile(name: str, sources: list[Path], flags: tuple[list[str], list[str], 
         env["CUDA_HOME"] = str(cuda_home())
     job = json.dumps({"name": name, "sources": [str(s) for s in sources], "flags": list(flags),
                       "build_dir": str(build_dir), "cuda": bool(archs), "verbose": verbose})
-    child = ("import importlib.util, json, sys\n"
-             f"spec = importlib.util.spec_from_file_location('kdtree_ops_build_child', {str(Path(__file__))!r})\n"
-             "module = importlib.util.module_from_spec(spec)\n"
-             "spec.loader.exec_module(module)\n"
-             "module._compile_here(json.loads(sys.argv[1]))\n")
+    child = ("import importlib, json, sys, types\n"
+             "package = types.ModuleType('kdtree_ops')\n"
+             f"package.__path__ = [{str(Path(__file__).parent)!r}]\n"
+             "sys.modules['kdtree_ops'] = package\n"
+             "importlib.import_module('kdtree_ops.build')._compile_here(json.loads(sys.argv[1]))\n")
     done = subprocess.run([sys.executable, "-c", child, job], env=env)
     if done.returncode != 0:
         raise RuntimeError(f"kdtree_ops: compiling {name} failed (exit {done.returncode}); the compiler's output is "

@@ -1,15 +1,17 @@
-"""Runs sglang.Engine on the CPU in a process of its own and answers requests over a pipe (TEST ONLY).
+"""Runs sglang.Engine in a process of its own and answers requests over a pipe (TEST ONLY).
 
 Why a process: SGLang decides its platform once per process, when it is imported (`SGLANG_USE_CPU_ENGINE=1` makes
 `is_cpu()` true and its CPU paths live), and the pytest process has imported sglang without it for the other
-SGLang suites. The driver sets the CPU environment before importing sglang, puts the test-only `sgl_kernel`
-stand-in first on PYTHONPATH (so SGLang's spawned scheduler processes import it too), and keeps one Engine at a
-time; a test module starts one per configuration.
+SGLang suites. The driver sets the platform's environment before importing sglang, puts the platform's test-only
+`sgl_kernel` stand-in first on PYTHONPATH (so SGLang's spawned scheduler processes import it too), and keeps one
+Engine at a time; a test module starts one per configuration. Platforms: `cpu` (the CPU engine, CI) and `gpu` (a
+CUDA machine where sglang-kernel cannot load: sglang_gpu/stand_in, its post-import patches switched on).
 
 Protocol: one JSON object per line. The driver's stdout carries only the replies (SGLang's own prints go to
 stderr); each reply is {"ok": true, ...} or {"ok": false, "error": "..."}.
   {"cmd": "start", "engine": {Engine kwargs}, "env": {variables set before the Engine is built}}
-  {"cmd": "generate", "input_ids": [[...], ...], "sampling_params": {...}, "top_logprobs_num": 0 | k}
+  {"cmd": "generate", "input_ids": [[...], ...], "sampling_params": {...}, "top_logprobs_num": 0 | k,
+   "logprob_start_len": None | n (or one per request)}
       -> {"outputs": [{"output_ids": [...], "meta_info": {...}}, ...]}
   {"cmd": "server_info"} -> {"internal_states": [...]} (the plugin's `kdtree` entry is in each)
   {"cmd": "stop"} / {"cmd": "exit"}
@@ -24,17 +26,25 @@ import traceback
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-STAND_IN = HERE / "stand_in"
 TESTS = HERE.parent
 REPO = TESTS.parent
+STAND_IN = HERE / "stand_in"
+GPU_STAND_IN = TESTS / "sglang_gpu" / "stand_in"
+PLATFORM_ENV = {
+    "cpu": (STAND_IN, {"SGLANG_USE_CPU_ENGINE": "1"}),
+    # sglang_gpu/stand_in/sitecustomize.py installs the post-import patches when SGLANG_GPU_STANDIN=1
+    "gpu": (GPU_STAND_IN, {"SGLANG_GPU_STANDIN": "1"}),
+}
 
 
-def driver_env(base: dict | None = None) -> dict:
-    """The environment of a driver (and so of SGLang's scheduler processes): CPU engine, offline, stand-in first."""
+def driver_env(base: dict | None = None, platform: str = "cpu") -> dict:
+    """The environment of a driver (and so of SGLang's scheduler processes): the platform's switches, offline,
+    its stand-in first on PYTHONPATH."""
+    stand_in, switches = PLATFORM_ENV[platform]
     env = dict(os.environ if base is None else base)
-    paths = [str(STAND_IN), str(REPO), str(TESTS)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env.update(PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), SGLANG_USE_CPU_ENGINE="1", HF_HUB_OFFLINE="1",
-               PYTHONUNBUFFERED="1")
+    paths = [str(stand_in), str(REPO), str(TESTS)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env.update(PYTHONPATH=os.pathsep.join(dict.fromkeys(paths)), HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1",
+               **switches)
     env.setdefault("SGLANG_CACHE_DIR", "/tmp/kdtree_sglang_cache")
     return env
 
@@ -65,8 +75,10 @@ class Driver:
         self.engine = sglang.Engine(**engine)
         return {}
 
-    def generate(self, input_ids, sampling_params, top_logprobs_num: int = 0) -> dict:
+    def generate(self, input_ids, sampling_params, top_logprobs_num: int = 0, logprob_start_len=None) -> dict:
         kwargs = dict(return_logprob=True, top_logprobs_num=top_logprobs_num) if top_logprobs_num else {}
+        if logprob_start_len is not None:  # log-probs of the input's tokens from there on (scoring a given text)
+            kwargs.update(return_logprob=True, logprob_start_len=logprob_start_len)
         outs = self.engine.generate(input_ids=input_ids, sampling_params=sampling_params, **kwargs)
         return {"outputs": [{"output_ids": o["output_ids"], "meta_info": _plain(o["meta_info"])} for o in outs]}
 

@@ -38,6 +38,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-fp8", dest="fp8", action="store_false",
                    help="skip the fp8 column (each workload again over an e4m3 cache)")
     p.add_argument("--ddtree", action="store_true", help="the DDTree round's build/accept ops instead (bench/ddtree.py)")
+    p.add_argument("--engine", action="store_true",
+                   help="end-to-end SGLang engines per algorithm and batch size instead (bench/engine.py; its own options)")
     return p
 
 
@@ -129,6 +131,11 @@ def _run_workload(w, impls, ceilings, args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--engine" in argv:  # end-to-end SGLang engines: a parser of its own (engine.py)
+        from .engine import main as engine_main
+
+        return engine_main(argv)
     args = _parser().parse_args(argv)
     if args.ddtree:
         from .ddtree import main as ddtree_main

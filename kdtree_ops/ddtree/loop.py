@@ -11,9 +11,9 @@ One round serves B requests, each at its own committed length (read on the devic
   5. commit — the accepted nodes become the request's next positions:
        layout "paged" (page size 1): bookkeeping only — `ddtree.accepted_slots` go into req_to_token, and the
          tree slots they leave are replaced by fresh ones from the request's own (shuffled) slot region;
-       layout "contiguous": `ddtree.commit_kv` copies the accepted rows into the request's next contiguous
+       layout "contiguous": `ddtree.commit_kv_layers` copies the accepted rows into the request's next contiguous
          slots; the tree always writes into the same scratch slots;
-  6. the accepted drafts and the bonus token are appended to each request's output.
+  6. the accepted drafts and the bonus token (`ddtree.emitted_tokens`) are appended to each request's output.
 Every tensor's shape is fixed by (B, budget, K, capacities): no .item(), no shape from values, constants made
 by kernels on the device, so on CUDA the whole round is captured into one torch.cuda.CUDAGraph
 (DDTreeGraphRunner) and replayed every step. `greedy_decode` (and `sample_decode` with sampling parameters) is the plain
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from . import ops as ddtree
-from .sampling import SamplingParams, sample_targets
+from .sampling import SamplingParams, target_tokens
 from ..testing.toy_model import PagedKVCache, ToyDecoder, VerifyBatch, build_verify_batch
 
 LAYOUTS = ("paged", "contiguous")
@@ -74,13 +74,16 @@ class DDTreeState:
         return [row[:n] for row, n in zip(self.generated.tolist(), counts)]
 
 
-def target_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: SamplingParams | None) -> torch.Tensor:
-    """[B, T] int64: the target's token after each of T rows per request, logits [B*T, V] — its argmax (first
-    maximum) when `sampling` is None, else sample_targets' draw, whose noise positions [B, T] (each row's own
-    token's position) key. Greedy and sampled decoding share this, so both sides of a lossless test pick alike."""
-    if sampling is None:
-        return logits.argmax(-1).view(positions.shape)
-    return sample_targets(logits, positions, *sampling.astuple())
+def append_tokens(generated: torch.Tensor, num_generated: torch.Tensor, tokens: torch.Tensor,
+                  counts: torch.Tensor) -> None:
+    """Appends tokens[b, :counts[b]] to row b of `generated` [B, G + 1] after its num_generated[b] [B] tokens and
+    advances num_generated, in place with no host sync; the other columns of `tokens` [B, C] land in generated's
+    last column, a sink."""
+    j = torch.arange(tokens.shape[1], device=tokens.device)
+    sink = generated.shape[1] - 1
+    columns = torch.where(j < counts[:, None], num_generated[:, None] + j, sink).clamp_max(sink)
+    generated.scatter_(1, columns, tokens)
+    num_generated.add_(counts)
 
 
 def prefill(model: ToyDecoder, prompts: list[list[int]], prompt_slots: list[list[int]], cache: PagedKVCache,
@@ -215,21 +218,14 @@ class DDTreeRound:
         max_len = state.req_to_token.shape[1] - 1
         depth = torch.arange(accepted.shape[1], device=accepted.device)
         dest = state.req_to_token.gather(1, (state.seq_lens[:, None] + depth).clamp_max(max_len - 1))
-        for k_cache, v_cache in zip(cache.k, cache.v):
-            ddtree.commit_kv(k_cache, None if cache.values_view_keys else v_cache, accepted, state.tree_slots, dest)
+        ddtree.commit_kv_layers(zip(cache.k, cache.v), accepted, state.tree_slots, dest)
 
     @staticmethod
     def emit(state: DDTreeState, tree_tokens: torch.Tensor, accepted: torch.Tensor, accept_len: torch.Tensor,
              next_tokens: torch.Tensor) -> None:
         """Appends each request's accepted draft tokens and its bonus token to `generated`."""
-        drafted = tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).long())             # [B, D]
-        emitted = torch.cat([drafted, next_tokens[:, None]], 1)                          # [B, D+1]
-        emitted.scatter_(1, accept_len[:, None].long(), next_tokens[:, None])           # bonus after the drafts
-        j = torch.arange(emitted.shape[1], device=emitted.device)
-        sink = state.generated.shape[1] - 1
-        columns = torch.where(j <= accept_len[:, None], state.num_generated[:, None] + j, sink).clamp_max(sink)
-        state.generated.scatter_(1, columns, emitted)
-        state.num_generated.add_(accept_len + 1)
+        append_tokens(state.generated, state.num_generated,
+                      ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens), accept_len + 1)
 
 
 class DDTreeGraphRunner:

@@ -21,7 +21,8 @@ from ..shapes import build_tree_shapes, mask_words  # noqa: F401  (re-exported)
 
 build.load()
 
-__all__ = ["build_tree", "accept_greedy", "commit_kv", "accepted_slots", "build_tree_shapes", "mask_words"]
+__all__ = ["build_tree", "accept_greedy", "commit_kv", "commit_kv_layers", "values_view_keys", "accepted_slots",
+           "emitted_tokens", "build_tree_shapes", "mask_words"]
 
 
 def build_tree(logprobs: torch.Tensor, tokens: torch.Tensor, root_tokens: torch.Tensor, budget: int):
@@ -87,6 +88,21 @@ def commit_kv(k_cache: torch.Tensor, v_cache: torch.Tensor | None, accepted: tor
     torch.ops.kdtree.ddtree_commit_kv.default(k_cache, v_cache, accepted, node_slots, dest_slots)
 
 
+def commit_kv_layers(kv_layers, accepted: torch.Tensor, node_slots: torch.Tensor, dest_slots: torch.Tensor) -> None:
+    """`commit_kv` over every layer of a cache: kv_layers yields each layer's (k_cache, v_cache). A v_cache that is
+    a view of its k_cache's rows (MLA: the value is the first columns of the latent row) moves with the keys, so it
+    is passed as None; other arguments as commit_kv's."""
+    for k_cache, v_cache in kv_layers:
+        commit_kv(k_cache, None if values_view_keys(k_cache, v_cache) else v_cache, accepted, node_slots, dest_slots)
+
+
+def values_view_keys(k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether v_cache views k_cache's rows from their first byte (MLA's value cache): the same storage at the same
+    offset. Reads only metadata (fake tensors included); a V elsewhere in K's storage is its own cache."""
+    return (torch._C._is_alias_of(v_cache, k_cache)
+            and v_cache.storage_offset() * v_cache.element_size() == k_cache.storage_offset() * k_cache.element_size())
+
+
 def accepted_slots(accepted: torch.Tensor, node_slots: torch.Tensor) -> torch.Tensor:
     """[B, D+1] int64: the cache slot of each accepted node (-1 padding), for page size 1 bookkeeping.
 
@@ -100,6 +116,22 @@ def accepted_slots(accepted: torch.Tensor, node_slots: torch.Tensor) -> torch.Te
     valid = accepted >= 0
     slots = torch.gather(node_slots, 1, accepted.clamp_min(0).to(torch.int64))
     return torch.where(valid, slots, torch.full_like(slots, -1))
+
+
+def emitted_tokens(tree_tokens: torch.Tensor, accepted: torch.Tensor, accept_len: torch.Tensor,
+                   next_tokens: torch.Tensor) -> torch.Tensor:
+    """[B, D+1] int64: each request's output of a round, its accepted draft tokens then the bonus token.
+
+    Pure torch, no host sync. Row b holds accept_len[b] + 1 tokens; the columns after them are padding (a
+    -1 entry of `accepted` reads the root's token; the last column is the bonus token).
+
+    Args:
+        tree_tokens: [B, T] int64 node tokens (node 0 the root).
+        accepted, accept_len, next_tokens: accept_greedy's outputs ([B, D+1] int32, [B] int32, [B] int64).
+    """
+    drafted = tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).to(torch.int64))      # [B, D]
+    emitted = torch.cat([drafted, next_tokens[:, None]], 1)                            # [B, D+1]
+    return emitted.scatter_(1, accept_len[:, None].to(torch.int64), next_tokens[:, None])  # bonus after the drafts
 
 
 @torch.library.register_fake("kdtree::ddtree_build_tree")

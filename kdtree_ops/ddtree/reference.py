@@ -121,7 +121,8 @@ def accept_greedy_reference(tree_tokens: torch.Tensor, parents: torch.Tensor, ta
 def commit_kv_reference(k_cache: torch.Tensor, v_cache: torch.Tensor | None, accepted: torch.Tensor,
                         node_slots: torch.Tensor, dest_slots: torch.Tensor) -> None:
     """ddtree_commit_kv on tensors: every source row of all requests is read first, then the rows are written."""
-    moves = [(int(node_slots[b, node]), int(dest_slots[b, d]))
+    sources, dests = node_slots.tolist(), dest_slots.tolist()  # read once (a device tensor: one copy, not one a row)
+    moves = [(sources[b][node], dests[b][d])
              for b in range(accepted.shape[0]) for d, node in enumerate(accepted[b].tolist()) if node >= 0]
     for cache in (k_cache, v_cache):
         if cache is None or not moves:

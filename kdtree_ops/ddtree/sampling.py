@@ -62,7 +62,7 @@ from .. import build
 
 build.load()
 
-__all__ = ["sample_targets", "SamplingParams"]
+__all__ = ["sample_targets", "target_tokens", "SamplingParams"]
 
 TOP_K_OFF = 1 << 30  # SGLang's TOP_K_ALL: any top_k <= 0 or >= V is off
 
@@ -89,6 +89,16 @@ def sample_targets(logits: torch.Tensor, positions: torch.Tensor, temperatures: 
     """
     return torch.ops.kdtree.ddtree_sample_targets.default(logits, positions, temperatures, top_ks, top_ps, min_ps,
                                                           seeds)
+
+
+def target_tokens(logits: torch.Tensor, positions: torch.Tensor, sampling: "SamplingParams | None") -> torch.Tensor:
+    """[B, T] int64: the target's token after each of T rows per request, logits [B*T, V] — its argmax (first
+    maximum) when `sampling` is None, else sample_targets' draw, whose noise positions [B, T] (each row's own
+    token's position) key. The DDTree loop, its plain decoding and the SGLang worker all choose by it, so both
+    sides of a lossless comparison pick alike."""
+    if sampling is None:
+        return logits.argmax(-1).view(positions.shape)
+    return sample_targets(logits, positions, *sampling.astuple())
 
 
 @dataclass

@@ -23,9 +23,19 @@ Modes, by KDTREE_VERIFY (read when the backend is built):
   float32 stats[3] buffer: max |op - base| over finite elements, count of non-finite op elements, calls) and the
   base's output is returned. Every KDTREE_VERIFY_LOG_EVERY verify steps (default 100) a summary line is logged
   from the metadata init, which runs outside any graph; that read of three floats is its only host sync.
+KDTREE_VERIFY_COUNT=1 (read when the backend is built): every op call also runs `record_divergence` on its first
+output row against itself into its layer's float32 row of `[layers, 3]` on the device, so stats[2] counts the op's
+calls where they run (eager, the graph runner's warm-ups, and every replay of a captured graph, where no Python runs)
+and stats[1] the non-finite elements of that row; `status()` reads them (a host sync, outside graphs) as
+`device_op_calls` and `device_non_finite`. The proof that the op ran inside replayed graphs, in any mode (validate
+is not lossless for DDTREE, which refuses it).
 A base without a TARGET_VERIFY path (torch_native) is fine while the op serves every verify layer; `off`,
 `validate` or a layer the op cannot serve then fail when the backend is built (or at that layer's first call, for
 reasons only a call shows), naming the layers and the fix.
+
+DDTREE (`--speculative-algorithm DDTREE`) carries its trees only as the op's packed mask, which no base reads: the
+op serves every verify layer of a DDTREE target, and a mode, flag or layer that would hand one to the base fails
+when the backend is built (or at the call, for reasons only a call shows).
 
 A build of the ops library without CUDA kernels on a CUDA server is an error when the backend is built.
 
@@ -47,6 +57,7 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.mem_cache.memory_pool import KVWriteLoc
 
 from .base import BASE_ENV, BASES_WITHOUT_TARGET_VERIFY, base_backend_name, build_base
+from .ddtree_algorithm import DDTREE_VERIFY_NEEDS_OP, is_ddtree
 from .delegation import BaseAttributes, forward_to_base
 from .routing import (
     MLA_SPLIT_INPUTS,
@@ -59,19 +70,11 @@ from .routing import (
     pool_note,
 )
 from .verify_metadata import GraphVerifyBuffers, VerifyStep, eager_verify_step, mask_words
+from .verify_mode import VERIFY_MODES, verify_mode_from_env  # noqa: F401  (VERIFY_MODES re-exported)
 
 logger = logging.getLogger(__name__)
 
-VERIFY_MODES = ("off", "validate", "on")
-
-
-def verify_mode_from_env() -> str:
-    """KDTREE_VERIFY = off | validate | on (default on); anything else is an error naming the variable."""
-    mode = os.environ.get("KDTREE_VERIFY", "on").strip().lower() or "on"
-    if mode not in VERIFY_MODES:
-        raise ValueError(f"KDTREE_VERIFY must be one of {'|'.join(VERIFY_MODES)}, got {mode!r}")
-    return mode
-
+COUNT_ENV = "KDTREE_VERIFY_COUNT"
 
 def check_cuda_kernels(ops, device) -> None:
     """Raises when a CUDA server would get an ops library built without CUDA kernels (it would fail at capture)."""
@@ -125,6 +128,8 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         self._verifies = self.verify_mode != "off" and not getattr(model_runner, "is_draft_worker", False)
         spec_algorithm = getattr(model_runner, "spec_algorithm", None)
         self._speculative = spec_algorithm is not None and not spec_algorithm.is_none()
+        # DDTREE's verify input carries its tree only as the op's packed mask: the op must serve every verify layer.
+        self._ddtree = is_ddtree(spec_algorithm) and not getattr(model_runner, "is_draft_worker", False)
         self._base_verifies = self.base_name not in BASES_WITHOUT_TARGET_VERIFY
         from sglang.srt.runtime_context import get_exec, get_parallel, get_spec
 
@@ -143,7 +148,13 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         self.op_calls: dict[int, int] = {}  # layer id -> calls the op served (eager calls and graph captures)
         self.base_calls: dict[int, int] = {}  # layer id -> verify calls the base served
         self._log_every = max(1, int(os.environ.get("KDTREE_VERIFY_LOG_EVERY", "100")))
+        self.call_stats = None  # [layers, 3] float32 on the device with KDTREE_VERIFY_COUNT=1 (module docstring)
+        if self._verifies and os.environ.get(COUNT_ENV, "").strip() == "1":
+            pool = self.token_to_kv_pool
+            layers = int(getattr(pool, "start_layer", 0) or 0) + int(pool.layer_num)
+            self.call_stats = torch.zeros((layers, 3), dtype=torch.float32, device=self.device)
         self._check_base_verify(model_runner)
+        self._check_ddtree_verify(model_runner)
         _LIVE.append(weakref.ref(self))
         logger.info("%s", self.status_line())
 
@@ -156,13 +167,33 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         if self.verify_mode != "on":
             raise RuntimeError(f"kdtree attention backend: KDTREE_VERIFY={self.verify_mode} runs TARGET_VERIFY on "
                                f"the base backend, and {_no_verify_fix(self.base_name)}")
+        for reason, layers in self._layers_needing_base(model_runner).items():
+            raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layers {layer_ranges(layers)} needs the "
+                               f"base backend ({reason}), and {_no_verify_fix(self.base_name)}")
+
+    def _check_ddtree_verify(self, model_runner) -> None:
+        """At build time: fails when a verify layer of a DDTREE target would not run the op (its verify input has
+        no mask any other kernel reads). The launch refuses the flags (ddtree_algorithm.check_ddtree_verify_route);
+        this sees what only the loaded model shows, and the flags again for runners built without that check."""
+        if not self._ddtree:
+            return
+        if self.verify_mode != "on":
+            raise RuntimeError(f"kdtree attention backend: {DDTREE_VERIFY_NEEDS_OP}, and KDTREE_VERIFY="
+                               f"{self.verify_mode} runs TARGET_VERIFY on the base backend {self.base_name}. Fix: "
+                               f"unset KDTREE_VERIFY or set it to on")
+        for reason, layers in self._layers_needing_base(model_runner).items():
+            raise RuntimeError(f"kdtree attention backend: {DDTREE_VERIFY_NEEDS_OP}, and TARGET_VERIFY of layers "
+                               f"{layer_ranges(layers)} would run on {self.base_name} ({reason}). Fix: launch without "
+                               f"what causes it, or serve this model with a speculative algorithm whose verify "
+                               f"input carries a dense mask (EAGLE, NGRAM)")
+
+    def _layers_needing_base(self, model_runner) -> dict[str, set]:
+        """reason -> ids of the loaded model's layers whose verify the op cannot serve (none: {})."""
         needs_base: dict[str, set] = {}
         for layer_id, reasons in self._model_layer_reasons(model_runner).items():
             if all(reasons):  # no module of this layer can be served (MLA has an MHA twin that never verifies)
                 needs_base.setdefault(reasons[0], set()).add(layer_id)
-        for reason, layers in needs_base.items():
-            raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layers {layer_ranges(layers)} needs the "
-                               f"base backend ({reason}), and {_no_verify_fix(self.base_name)}")
+        return needs_base
 
     def _model_layer_reasons(self, model_runner) -> dict[int, list]:
         """layer id -> the route of each RadixAttention module of the loaded model with that id."""
@@ -228,8 +259,12 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         return n if n > 0 else self._capture_width
 
     def _base_prepares(self, forward_batch) -> bool:
-        """Whether the base prepares this batch: everything but verify batches of a base without verify."""
-        return self._base_verifies or not forward_batch.forward_mode.is_target_verify()
+        """Whether the base prepares this batch: every batch but the verify batches it never serves — those of a base
+        without verify, and DDTREE's (the op serves every verify layer, and a base's verify metadata cannot be built
+        from DDTREE's verify input: FlashInfer's, flashinfer_mla's and aiter's ask it for a dense mask)."""
+        if not forward_batch.forward_mode.is_target_verify():
+            return True
+        return self._base_verifies and not self._ddtree
 
     def init_forward_metadata(self, forward_batch):
         if self._base_prepares(forward_batch):
@@ -280,6 +315,13 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
                                            mask_words(tokens), self.verify_mask)
 
     @property
+    def needs_cpu_seq_lens(self) -> bool:
+        """True, whatever the base answers: the verify metadata bounds its prefix-slot gather by the step's host
+        lengths (`seq_lens_cpu`); without them (SGLang's overlap scheduler drops them when every backend answers
+        False) it would gather a batch x context table at every verify step."""
+        return True
+
+    @property
     def verify_mask(self):
         """The base's: the draft writes its tree there, in the base's layout, and kdtree reads either layout."""
         return self.base.verify_mask
@@ -310,6 +352,9 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
         else:
             reason = self._route(q, layer, forward_batch, kwargs)
         if reason or self.verify_mode == "validate":
+            if self._ddtree:  # validate is refused when the backend is built; a reason only a call shows lands here
+                raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layer {layer.layer_id} cannot run the "
+                                   f"op ({reason}), and {DDTREE_VERIFY_NEEDS_OP}")
             if not self._base_verifies:
                 raise RuntimeError(f"kdtree attention backend: TARGET_VERIFY of layer {layer.layer_id} needs the base "
                                    f"backend ({reason or 'KDTREE_VERIFY=validate'}), and "
@@ -360,6 +405,9 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
             k.view(-1, hkv, dqk).to(q3.dtype), v.reshape(-1, hkv, dv).to(q3.dtype), k_scale, v_scale,
             out=out.view(num_tokens, hq, dv))
         self._count(self.op_calls, layer.layer_id)
+        if self.call_stats is not None:  # device-side: counted inside replayed graphs too
+            first = out.view(num_tokens, -1)[:1]
+            self._ops.record_divergence(first, first, self.call_stats[layer.layer_id])
         return out
 
     def _save_kv(self, layer, forward_batch, k, v) -> None:
@@ -407,6 +455,10 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
                  "fallbacks": {r: layer_ranges(ls) for r, ls in self._fallbacks.layers.items()}}
         if self.verify_mode == "validate":
             state["validate"] = self.divergence_summary()
+        if self.call_stats is not None:  # a host sync: status() runs outside graphs
+            rows = self.call_stats.tolist()
+            state["device_op_calls"] = {str(i): int(r[2]) for i, r in enumerate(rows) if r[2]}
+            state["device_non_finite"] = int(sum(r[1] for r in rows))
         return state
 
 

@@ -19,10 +19,30 @@ hand torch_native gets intel_amx.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import logging
 import os
 
 logger = logging.getLogger(__name__)
+
+# True while SGLang's resolution pipeline runs on the scratch copy below: launch checks that judge the backends the
+# user named (DDTREE's verify route) have nothing to judge there, the backend fields being unset on purpose.
+_SCRATCH_RESOLUTION = contextvars.ContextVar("kdtree_scratch_resolution", default=False)
+
+
+def in_scratch_resolution() -> bool:
+    """Whether the arguments being resolved are kdtree's scratch copy (sglang_default_backend), not a launch's."""
+    return _SCRATCH_RESOLUTION.get()
+
+
+@contextlib.contextmanager
+def _scratch_resolution():
+    token = _SCRATCH_RESOLUTION.set(True)
+    try:
+        yield
+    finally:
+        _SCRATCH_RESOLUTION.reset(token)
 
 BASE_ENV = "KDTREE_BASE_BACKEND"
 
@@ -49,8 +69,9 @@ def sglang_default_backend(server_args) -> str:
         raise RuntimeError(
             f"kdtree attention backend: cannot ask SGLang for its default attention backend (the server arguments "
             f"carry no resolved launch input); set {BASE_ENV} to the backend kdtree should compose with")
-    scratch = ServerArgs(**{**raw, **dict.fromkeys(_BACKEND_FIELDS)})
-    scratch.resolve_once()
+    with _scratch_resolution():
+        scratch = ServerArgs(**{**raw, **dict.fromkeys(_BACKEND_FIELDS)})
+        scratch.resolve_once()
     backend, prefill, decode = (resolution_result(scratch, f) for f in _BACKEND_FIELDS)
     prefill, decode = prefill or backend, decode or backend
     if prefill != decode:

@@ -10,9 +10,18 @@ returning the worker class (imported only when a scheduler builds the worker) an
 - the top-k per drafted position: `KDTREE_DDTREE_TOPK` (default 8), read by the worker;
 - grammar-constrained requests are refused: `--grammar-backend none` (SGLang aborts each such request with
   its own message; the server goes on);
-- overlap scheduling is turned off (the worker runs synchronously, as SGLang runs NGRAM on the CPU), and so is
-  mixed chunked prefill (the round must see decode batches alone); EAGLE's step and top-k fields are set to 1 so
-  SGLang's per-decode KV reservation is exactly N slots per request.
+- overlap scheduling (SGLang's spec v2 loop: the host schedules round n+1 while the device runs round n) only with
+  `KDTREE_DDTREE_OVERLAP=1`; by default it is turned off and each round runs synchronously. The algorithm is
+  registered with `supports_overlap=True` either way (SGLang refuses an overlapped launch of an algorithm registered
+  without it, spec_registry.py `create_worker`); ddtree_spec_info.DDTreeCarry relays through SGLang's FutureMap.
+  Mixed chunked prefill is turned off (the round must see decode batches alone); EAGLE's step and top-k fields are
+  set to 1 so SGLang's per-decode KV reservation is 2 N slots per request (N a round, doubled for the overlap lag);
+- every TARGET_VERIFY layer must run the kdtree op (`check_ddtree_verify_route`): DDTREE's verify input carries
+  each tree only as the op's packed mask (a dense mask is not built: budgets reach 1023 tokens over long contexts),
+  so any other kernel would attend causally over the flattened tree and return wrong tokens. Refused at launch:
+  a verify backend other than kdtree, `KDTREE_VERIFY=off|validate` (the base's output), and
+  `--enable-deterministic-inference` (the base's kernels); what only the loaded model shows (a layer the op cannot
+  serve) is refused when the kdtree backend is built (backend.py).
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ DEFAULT_NUM_DRAFT_TOKENS = 64
 MAX_VERIFY_TOKENS = 1024  # the verify op's masks are at most 32 words wide
 TOPK_ENV = "KDTREE_DDTREE_TOPK"
 DEFAULT_TOPK = 8
+OVERLAP_ENV = "KDTREE_DDTREE_OVERLAP"
 
 
 def ddtree_topk() -> int:
@@ -39,6 +49,15 @@ def ddtree_topk() -> int:
     if topk < 1:
         raise ValueError(f"{TOPK_ENV} must be a positive integer (candidates per drafted position), got {raw!r}")
     return topk
+
+
+def ddtree_overlap() -> bool:
+    """Whether DDTREE runs on SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1; unset or 0: synchronous)."""
+    raw = os.environ.get(OVERLAP_ENV, "0")
+    if raw not in ("0", "1"):
+        raise ValueError(f"{OVERLAP_ENV} must be 1 (DDTREE on SGLang's overlap scheduler) or 0 (synchronous rounds), "
+                         f"got {raw!r}")
+    return raw == "1"
 
 
 def resolve_ddtree_server_args(server_args) -> None:
@@ -58,14 +77,72 @@ def resolve_ddtree_server_args(server_args) -> None:
     server_args.speculative_num_draft_tokens = int(tokens)
     server_args.speculative_num_steps = 1
     server_args.speculative_eagle_topk = 1
-    if not getattr(server_args, "disable_overlap_schedule", False):
-        logger.info("DDTREE: overlap scheduling turned off (the DDTREE worker runs each round synchronously)")
-    server_args.disable_overlap_schedule = True
+    if ddtree_overlap():
+        logger.info("DDTREE: %s=1, overlap scheduling %s", OVERLAP_ENV,
+                    "off (--disable-overlap-schedule)" if getattr(server_args, "disable_overlap_schedule", False)
+                    else "on (the host schedules round n+1 while the device runs round n)")
+    else:
+        if not getattr(server_args, "disable_overlap_schedule", False):
+            logger.info("DDTREE: overlap scheduling turned off (each round runs synchronously; %s=1 turns it on)",
+                        OVERLAP_ENV)
+        server_args.disable_overlap_schedule = True
     server_args.enable_mixed_chunk = False
     if getattr(server_args, "grammar_backend", None) not in (None, "none"):
         logger.info("DDTREE: grammar-constrained requests are not verified by DDTREE; --grammar-backend %s "
                     "replaced by none (SGLang aborts such requests with its message)", server_args.grammar_backend)
     server_args.grammar_backend = "none"
+
+
+DDTREE_VERIFY_NEEDS_OP = (
+    "DDTREE verifies its trees only through the kdtree op: its verify input carries each tree as the op's packed mask "
+    "and no dense mask, so any other attention kernel would attend causally over the flattened tree and return "
+    "wrong tokens")
+
+
+def is_ddtree(spec_algorithm) -> bool:
+    """Whether a runner's speculative algorithm (SGLang's enum member or a plugin's CustomSpecAlgo) is DDTREE."""
+    return getattr(spec_algorithm, "name", None) == ALGORITHM_NAME
+
+
+def ddtree_verify_refusals(server_args) -> list[str]:
+    """Why a TARGET_VERIFY layer of this launch would not run the kdtree op, each with its fix (empty: it would)."""
+    from sglang.srt.arg_groups.model_override_base import attention_backends_of
+
+    from .plugin import BACKEND_NAME
+    from .verify_mode import verify_mode_from_env
+
+    reasons = []
+    prefill, decode = attention_backends_of(server_args)
+    on_decode = getattr(server_args, "speculative_attention_mode", None) == "decode"
+    verify_backend = decode if on_decode and prefill != decode else prefill
+    if verify_backend != BACKEND_NAME:
+        reasons.append(f"TARGET_VERIFY runs on the attention backend {verify_backend or 'SGLang picks'!r} "
+                       f"(--attention-backend {getattr(server_args, 'attention_backend', None)}, prefill "
+                       f"{prefill}, decode {decode}, --speculative-attention-mode "
+                       f"{getattr(server_args, 'speculative_attention_mode', None)}); fix: launch with "
+                       f"--attention-backend {BACKEND_NAME} (KDTREE_BASE_BACKEND names the backend of everything else)")
+    mode = verify_mode_from_env()
+    if mode != "on":
+        reasons.append(f"KDTREE_VERIFY={mode} runs TARGET_VERIFY on the base backend (and returns its output); fix: "
+                       f"unset KDTREE_VERIFY or set it to on")
+    if getattr(server_args, "enable_deterministic_inference", False):
+        reasons.append("--enable-deterministic-inference runs every verify layer on the base backend (the op is not "
+                       "batch-invariant); fix: launch without it")
+    return reasons
+
+
+def check_ddtree_verify_route(server_args) -> None:
+    """Raises, naming each cause and its fix, when a TARGET_VERIFY layer of a DDTREE launch would not run the op.
+
+    Not on kdtree's scratch resolution of SGLang's default base (base.sglang_default_backend): its backend fields are
+    unset on purpose, and the launch it serves was checked already."""
+    from .base import in_scratch_resolution
+
+    if in_scratch_resolution():
+        return
+    reasons = ddtree_verify_refusals(server_args)
+    if reasons:
+        raise ValueError(f"{DDTREE_VERIFY_NEEDS_OP}; here " + "; ".join(reasons))
 
 
 def _ddtree_worker_class(server_args):
@@ -88,6 +165,7 @@ def register_ddtree_algorithm() -> bool:
 
         def handle_server_args(self, server_args) -> None:
             resolve_ddtree_server_args(server_args)
+            check_ddtree_verify_route(server_args)
 
         def carries_draft_hidden_states(self) -> bool:
             return False  # no EAGLE hidden states cross a disaggregation boundary
@@ -104,7 +182,9 @@ def register_ddtree_algorithm() -> bool:
 
             return FutureMap(device, self, req_to_token_pool, needs_cpu_seq_lens, needs_confidence_relay)
 
-    SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=False,
+    # supports_overlap=True: SGLang's only use of the flag is create_worker's refusal of an overlapped launch;
+    # whether this launch overlaps is resolve_ddtree_server_args's (KDTREE_DDTREE_OVERLAP)
+    SpeculativeAlgorithm.register(ALGORITHM_NAME, supports_overlap=True,
                                   spec_class=DDTreeAlgorithm)(_ddtree_worker_class)
     return True
 

@@ -11,18 +11,26 @@ the caches):
   4. the target's token after every node — argmax, or (sampling requests) `ddtree.sample_targets` with SGLang's
      per-request parameters and noise keyed by (seed, position) — and `ddtree.accept_greedy`: the accepted path
      and the next bonus token;
-  5. commit: `ddtree.commit_kv` moves the accepted nodes' target K/V to positions L_b .. L_b + accepted (every
+  5. commit: `ddtree.commit_kv_layers` moves the accepted nodes' target K/V to positions L_b .. L_b + accepted (every
      layer), and the drafter writes the same positions' draft K/V from the target's hidden states there;
-  6. SGLang gets the accepted drafts and the bonus token per request (rows of D + 1, D = min(K, budget)).
-No step reads the device from the host; shapes come from (B, N, K, top-k). Prefill (extend) batches run the
+  6. SGLang gets the accepted drafts and the bonus token per request (`ddtree.emitted_tokens`: rows of D + 1,
+     D = min(K, budget)).
+No step reads the device from the host; shapes come from (B, N, K, top-k) and the batch's host lengths; the host
+values the device needs (seeds SGLang does not keep, a prefill's extend lengths) go by SGLang's `async_h2d` (pinned
+staging, an asynchronous copy: a pageable `non_blocking` copy would synchronize the stream). Prefill (extend) batches run the
 target with its DFlash layers captured and fill the draft cache for the prompt's tokens (chunk by chunk, and
 only the uncached suffix under the radix cache: the draft cache shares the target's slots).
 
 Greedy requests are lossless (the output is the target's greedy decoding); sampled requests follow the target's
 own seeded sampling token for token (ddtree/sampling.py), penalties applied as SGLang applies them to verify
 logits; log-probs are returned for the accepted tokens (the rows of their nodes), as NGRAM returns them. The round
-runs in SGLang's synchronous (non-overlap) scheduler. Grammar-constrained requests are refused: DDTREE launches
-with `--grammar-backend none`, so SGLang aborts them with its own message and the server goes on.
+is SGLang's spec v2 worker step: by default the scheduler runs it synchronously (it copies the new lengths to the
+host after each round); with KDTREE_DDTREE_OVERLAP=1 it runs on the overlap scheduler: the round publishes the new
+lengths (`on_publish`, after accept and before the commit, as DFLASH does) and returns the carry SGLang relays
+through its FutureMap, and the next round's host lengths (`seq_lens_cpu`, which size the draft's prefix gather and
+kdtree's verify metadata) are what the scheduler copied once this round's publish point ran (examples/sglang/
+OVERLAP.md). Grammar-constrained requests are refused: DDTREE launches with `--grammar-backend none`, so SGLang
+aborts them with its own message and the server goes on.
 """
 
 from __future__ import annotations
@@ -38,13 +46,14 @@ import torch
 from sglang.srt.managers.utils import GenerationBatchResult
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardMode
 from sglang.srt.speculative.base_spec_worker import BaseSpecWorker
-from sglang.srt.speculative.ngram_info import NgramVerifyInput
+from sglang.srt.utils.common import async_h2d
 
 from .. import ddtree
 from ..ddtree.sampling import SamplingParams
 from .ddtree_algorithm import ddtree_topk
+from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
-from .verify_metadata import fill_prefix_slots
+from .verify_metadata import prefix_kv
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +68,20 @@ def live_workers() -> list:
 
 class PhaseClock:
     """Wall time per round phase, only with KDTREE_DDTREE_PROFILE=1: it synchronizes the device at each phase
-    boundary (and reads the accepted counts), so it is for measuring, never for serving."""
+    boundary (and reads the accepted counts), so it is for measuring, never for serving. `host` is the time from
+    one decode round's end to the next one's start when no prefill ran between them: the scheduler's work between
+    two rounds (results to the host, output processing, the next batch's preparation), which the synchronous
+    scheduler adds to every round and the overlap scheduler runs while the device works; `host_gaps` counts them.
+    `published` counts the rounds that published their lengths (`on_publish`: SGLang passes it on the overlap
+    scheduler only), counted whether or not profiling is on."""
 
     def __init__(self, device):
         self.enabled = os.environ.get(PROFILE_ENV, "") == "1"
         self.device = torch.device(device)
-        self.seconds = dict.fromkeys(PHASES, 0.0)
-        self.rounds = self.drafts_accepted = 0
+        self.seconds = dict.fromkeys((*PHASES, "host"), 0.0)
+        self.rounds = self.drafts_accepted = self.host_gaps = self.published = 0
         self._last = 0.0
+        self._round_end: float | None = None  # the last decode round's end, until a prefill runs
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -76,6 +91,9 @@ class PhaseClock:
     def start(self) -> None:
         if self.enabled:
             self._last = self._now()
+            if self._round_end is not None:
+                self.seconds["host"] += self._last - self._round_end
+                self.host_gaps += 1
 
     def lap(self, phase: str) -> None:
         if self.enabled:
@@ -83,41 +101,31 @@ class PhaseClock:
             self.seconds[phase] += now - self._last
             self._last = now
 
-    def end(self, accept_len: torch.Tensor) -> None:
+    def end(self, accept_len: torch.Tensor, published: bool) -> None:
         self.rounds += 1
+        self.published += int(published)
         if self.enabled:
             self.drafts_accepted += int(accept_len.sum())
+            self._round_end = self._now()
+
+    def prefill(self) -> None:
+        """A prefill ran: the next round's start does not close a gap between two decode rounds."""
+        self._round_end = None
 
     def stats(self) -> dict:
-        out = {"rounds": self.rounds, "profiled": self.enabled}
+        out = {"rounds": self.rounds, "published": self.published, "profiled": self.enabled}
         if self.enabled:
-            out.update(drafts_accepted=self.drafts_accepted, seconds=dict(self.seconds))
+            out.update(drafts_accepted=self.drafts_accepted, host_gaps=self.host_gaps, seconds=dict(self.seconds))
         return out
 
 
-class DDTreeVerifyInput(NgramVerifyInput):
-    """The verify forward's spec info (a tree verify, NGRAM's input type) with the op's packed mask."""
-
-    def __init__(self, tree_tokens: torch.Tensor, positions: torch.Tensor, packed_tree_mask: torch.Tensor):
-        super().__init__(draft_token=tree_tokens.reshape(-1), custom_mask=None, positions=positions,
-                         draft_token_num=tree_tokens.shape[1], new_seq_lens=positions)
-        self.packed_tree_mask = packed_tree_mask
-
-
-class DDTreeCarry(NgramVerifyInput):
-    """What one round hands the next (the running batch's spec info): each request's bonus token."""
-
-    def __init__(self, bonus_tokens: torch.Tensor, new_seq_lens: torch.Tensor, draft_token_num: int):
-        super().__init__(draft_token_num=draft_token_num, new_seq_lens=new_seq_lens)
-        self.bonus_tokens = bonus_tokens
-
-    def filter_batch(self, new_indices: torch.Tensor, new_indices_cpu=None):
-        self.bonus_tokens = self.bonus_tokens[new_indices]
-        self.new_seq_lens = self.new_seq_lens[new_indices]
-
-    def merge_batch(self, spec_info: "DDTreeCarry"):
-        self.bonus_tokens = torch.cat([self.bonus_tokens, spec_info.bonus_tokens])
-        self.new_seq_lens = torch.cat([self.new_seq_lens, spec_info.new_seq_lens])
+def extend_positions(seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_tokens: int) -> torch.Tensor:
+    """[num_tokens] int64: the positions of an extend batch's new tokens, request after request (request b's run
+    is seq_lens[b] - extend_lens[b] .. seq_lens[b] - 1), on the device; num_tokens = sum(extend_lens), a host int."""
+    lens = extend_lens.to(torch.int64)
+    request = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens, output_size=num_tokens)
+    run_end = torch.cumsum(lens, 0)[request]  # the batch index one past the token's run
+    return seq_lens.to(torch.int64)[request] - (run_end - torch.arange(num_tokens, device=lens.device))
 
 
 def request_seed(req) -> int:
@@ -189,12 +197,14 @@ class DDTreeWorker(BaseSpecWorker):
             raise ValueError("DDTREE does not verify grammar-constrained requests (json_schema, regex, ebnf)")
 
     def _prefill(self, batch, on_publish):
+        self.clock.prefill()
         out = self._target_worker.forward_batch_generation(batch, capture_hidden_mode=CaptureHiddenMode.FULL)
         hidden = out.logits_output.hidden_states
         if hidden is None:
             raise RuntimeError("DDTREE: the target returned no captured hidden states for the prefill")
-        positions = torch.cat([torch.arange(p, p + n, dtype=torch.int64)
-                               for p, n in zip(batch.prefix_lens, batch.extend_lens)]).to(self.device)
+        num_tokens = sum(batch.extend_lens)
+        positions = extend_positions(batch.seq_lens, async_h2d(batch.extend_lens, dtype=torch.int64,
+                                                               device=self.device), num_tokens)
         self.drafter.materialize(hidden[: positions.shape[0]], positions, batch.out_cache_loc.to(torch.int64))
         out.logits_output.hidden_states = None
         out.new_seq_lens = batch.seq_lens
@@ -209,14 +219,12 @@ class DDTreeWorker(BaseSpecWorker):
         bs, n = len(batch.reqs), self.num_tree_tokens
         bonus = batch.spec_info.bonus_tokens
         prefix = batch.seq_lens
+        if prefix.device.type == "cuda":  # overlap: gathered from the FutureMap on the schedule stream
+            prefix.record_stream(torch.cuda.current_stream(prefix.device))
         req_to_token = self.req_to_token_pool.req_to_token
         self.clock.start()
         # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
-        kv_indptr = torch.zeros(bs + 1, dtype=torch.int32, device=self.device)
-        torch.cumsum(prefix.to(torch.int32), 0, out=kv_indptr[1:])
-        max_len = int(batch.seq_lens_cpu.max())
-        kv_indices = torch.empty(int(batch.seq_lens_cpu.sum()) + 1, dtype=torch.int32, device=self.device)
-        fill_prefix_slots(req_to_token, batch.req_pool_indices, prefix, kv_indptr, kv_indices, max_len)
+        kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
         logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
         self.clock.lap("draft")
         # 2. the tree
@@ -244,11 +252,18 @@ class DDTreeWorker(BaseSpecWorker):
             node_rows = torch.arange(bs, device=self.device)[:, None] * n + accepted
             compute_spec_logprobs(batch, logits_output, targets.reshape(-1),
                                   accept_index=torch.where(accepted >= 0, node_rows, -1))
+        accept_lens = (accept_len + 1).to(torch.int32)
+        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
+        if on_publish is not None:  # overlap: the next round's lengths, published before the commit (as DFLASH)
+            on_publish(new_seq_lens)
         self.clock.lap("accept")
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
         dest = node_slots[:, : self.max_depth + 1]
-        self._commit_target_kv(accepted, node_slots, dest)
+        pool = self.model_runner.token_to_kv_pool
+        ddtree.commit_kv_layers(((pool.get_key_buffer(i), pool.get_value_buffer(i))
+                                 for i in range(pool.start_layer, pool.start_layer + pool.layer_num)),
+                                accepted, node_slots, dest)
         rows = (torch.arange(bs, device=self.device)[:, None] * n + accepted.clamp_min(0)).reshape(-1)
         depth = torch.arange(self.max_depth + 1, device=self.device)
         self.drafter.materialize(logits_output.hidden_states[rows],
@@ -256,16 +271,10 @@ class DDTreeWorker(BaseSpecWorker):
                                  torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1))
         logits_output.hidden_states = None
         # 6. the accepted drafts then the bonus token, D + 1 per request
-        emitted = torch.cat([tree_tokens.gather(1, accepted[:, 1:].clamp_min(0).to(torch.int64)),
-                             next_tokens[:, None]], 1)
-        emitted.scatter_(1, accept_len[:, None].to(torch.int64), next_tokens[:, None])
-        accept_lens = (accept_len + 1).to(torch.int32)
-        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
+        emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens)
         batch.forward_mode = ForwardMode.DECODE
         self.clock.lap("commit")
-        self.clock.end(accept_len)
-        if on_publish is not None:
-            on_publish(new_seq_lens)
+        self.clock.end(accept_len, published=on_publish is not None)
         return GenerationBatchResult(
             logits_output=logits_output, next_token_ids=emitted.reshape(-1), accept_lens=accept_lens,
             can_run_cuda_graph=out.can_run_cuda_graph, new_seq_lens=new_seq_lens,
@@ -281,18 +290,8 @@ class DDTreeWorker(BaseSpecWorker):
             apply_dflash_verify_logits_adjustments(next_token_logits=logits, sampling_info=info,
                                                    draft_token_num=positions.shape[1])
         if info is None or info.is_all_greedy:
-            return logits.argmax(-1).view(positions.shape)
+            return ddtree.target_tokens(logits, positions, None)
         seeds = info.sampling_seed
         if seeds is None:  # SGLang keeps per-request seeds only under deterministic inference
-            seeds = torch.tensor([request_seed(r) for r in batch.reqs], dtype=torch.int64).to(self.device,
-                                                                                            non_blocking=True)
-        params = SamplingParams.from_sglang(info, seeds)
-        return ddtree.sample_targets(logits, positions, *params.astuple())
-
-    def _commit_target_kv(self, accepted, node_slots, dest) -> None:
-        pool = self.model_runner.token_to_kv_pool
-        for layer_id in range(pool.start_layer, pool.start_layer + pool.layer_num):
-            k = pool.get_key_buffer(layer_id)
-            v = pool.get_value_buffer(layer_id)
-            values_view_keys = v.data_ptr() == k.data_ptr()  # MLA: the value is a view of the latent row
-            ddtree.commit_kv(k, None if values_view_keys else v, accepted, node_slots, dest)
+            seeds = async_h2d([request_seed(r) for r in batch.reqs], dtype=torch.int64, device=self.device)
+        return ddtree.target_tokens(logits, positions, SamplingParams.from_sglang(info, seeds))

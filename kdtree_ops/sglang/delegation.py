@@ -3,12 +3,12 @@
 SGLang composes backends by holding them (HybridAttnBackend, TboAttnBackend): the wrapper answers for the
 members callers use and forwards each to the backend that does the work. kdtree holds one base and forwards
 *every* member it does not define itself, because SGLang's callers read many (runners, workers, model code:
-`forward_metadata`, `needs_cpu_seq_lens`, `kv_indptr`, `init_cpu_graph_state`, ...), and the set grows with
+`forward_metadata`, `kv_indptr`, `init_cpu_graph_state`, ...), and the set grows with
 each release:
 
-- members declared on `AttentionBackend` (class-level defaults such as `needs_cpu_seq_lens = True`, methods such
-  as `shared_read_ends`) become properties reading and writing the base's, since the class default would
-  otherwise answer in the base's place;
+- members declared on `AttentionBackend` (class-level defaults, methods such as `shared_read_ends`) become
+  properties reading and writing the base's, since the class default would otherwise answer in the base's place;
+  `needs_cpu_seq_lens` is kdtree's own (backend.py: its verify metadata reads the host lengths);
 - everything else the base has (its own attributes and methods) is reached through `__getattr__`.
 
 The names of the backend (`prefill_attention_backend_str`/`decode_attention_backend_str`) answer the base's:

@@ -16,6 +16,11 @@ DFLASH shares the target's req_to_token): a committed token's draft K/V live in 
 so the radix cache's shared prefixes carry both. Everything is device work with shapes from (B, block_size):
 no host sync.
 
+Under tensor parallelism the draft layers are SGLang's parallel layers (each rank its heads), the target's
+embedding all-reduces its shards' rows, and the target's lm_head holds one shard of the vocabulary per rank: the
+top-k is taken over the whole vocabulary by exchanging each rank's candidates (vocab_topk.py), so every rank
+drafts the same tokens, builds the same tree and accepts the same path.
+
 Refused at load, naming the field: DFlash variants this drafter does not run (grouped convolutions, attention
 sinks, value scales, sliding-window layers, Domino/selector heads, causal draft layers).
 """
@@ -29,6 +34,8 @@ import os
 import torch
 
 from ..shapes import mask_words
+from .verify_metadata import QLEN_ONLY, packed_tree_mask
+from .vocab_topk import global_topk_logprobs, vocab_shard
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +101,8 @@ class DFlashDrafter:
         self.embed_scale = float(target_model.get_dflash_noise_embedding_scale()) \
             if hasattr(target_model, "get_dflash_noise_embedding_scale") else 1.0
         self.vocab_size = int(target_model.config.vocab_size)
-        self.lm_head_weight = target_model.lm_head.weight
+        self.lm_head_weight = target_model.lm_head.weight  # this rank's rows under TP (vocab_topk.py)
+        self.vocab = vocab_shard(target_model.lm_head, self.vocab_size)
         attn = self.model.layers[0].self_attn
         self.num_kv_heads, self.head_dim = attn.num_kv_heads, attn.head_dim
         shape = (num_slots + 1, self.num_kv_heads, self.head_dim)
@@ -126,17 +134,15 @@ class DFlashDrafter:
 
     # ---- one block forward -------------------------------------------------------------------------------
 
-    def _block_mask(self, batch: int) -> torch.Tensor:
-        """[batch * block_size, W] int32: every block row sees every block token (bidirectional block)."""
+    def _block_mask(self, qo_indptr: torch.Tensor) -> torch.Tensor:
+        """[B * block_size, W] int32 for B blocks at qo_indptr [B+1]: every block row sees every block token (a
+        bidirectional block: SGLang's QLEN_ONLY mask with every entry set, packed), made once per batch size."""
+        batch, n = qo_indptr.shape[0] - 1, self.block_size
         mask = self._block_masks.get(batch)
         if mask is None:
-            words = mask_words(self.block_size)
-            row = []
-            for w in range(words):
-                bits = sum(1 << (j - 32 * w) for j in range(32 * w, min(32 * w + 32, self.block_size)))
-                row.append(bits - (1 << 32) if bits >= 1 << 31 else bits)  # as int32
-            mask = torch.tensor(row, dtype=torch.int32, device=self.lm_head_weight.device)
-            mask = mask.expand(batch * self.block_size, words).contiguous()
+            device = qo_indptr.device
+            mask = packed_tree_mask(torch.ones(batch * n * n, dtype=torch.bool, device=device), QLEN_ONLY, qo_indptr,
+                                    torch.zeros(batch, dtype=torch.int64, device=device), batch * n, mask_words(n))
             self._block_masks[batch] = mask
         return mask
 
@@ -148,10 +154,11 @@ class DFlashDrafter:
         Args:
             bonus: [B] int64, each request's last token (not yet in either cache), at position prefix_lens[b].
             prefix_lens: [B] committed lengths (their draft K/V are in the cache).
-            kv_indptr, kv_indices: the committed slots of each request (verify_metadata.fill_prefix_slots).
+            kv_indptr, kv_indices: the committed slots of each request (verify_metadata.prefix_kv).
             topk: candidates per position (<= vocabulary).
         Returns:
-            logprobs [B, K, topk] float32 sorted descending, tokens [B, K, topk] int64 (ddtree.build_tree's input).
+            logprobs [B, K, topk] float32 sorted descending, tokens [B, K, topk] int64 (ddtree.build_tree's input):
+            over the whole vocabulary and the same on every TP rank (vocab_topk.py), equal scores to the lowest id.
         """
         b, n = bonus.shape[0], self.block_size
         device = bonus.device
@@ -162,7 +169,7 @@ class DFlashDrafter:
         if self.embed_scale != 1.0:
             hidden = hidden * self.embed_scale
         qo_indptr = torch.arange(0, (b + 1) * n, n, dtype=torch.int32, device=device)
-        mask = self._block_mask(b)
+        mask = self._block_mask(qo_indptr)
         residual = None
         for layer, k_cache, v_cache in zip(self.model.layers, self.k_cache, self.v_cache):
             if residual is None:
@@ -175,8 +182,7 @@ class DFlashDrafter:
             hidden = layer.mlp(hidden)
         hidden, _ = self.model.norm(hidden, residual)
         drafted = hidden.view(b, n, -1)[:, 1:]                                       # positions L+1 .. L+K
-        logits = torch.nn.functional.linear(drafted, self.lm_head_weight[: self.vocab_size]).float()
-        logprobs, tokens = torch.log_softmax(logits, dim=-1).topk(min(topk, self.vocab_size), dim=-1)
+        logprobs, tokens = global_topk_logprobs(drafted, self.lm_head_weight, self.vocab, topk)
         return logprobs.contiguous(), tokens.contiguous()
 
     def _attention(self, attn, positions, hidden, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, mask):

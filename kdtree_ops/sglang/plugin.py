@@ -23,11 +23,18 @@ pyproject.toml. `register()`:
 - registers one HookRegistry AFTER hook on `configure_logger`: SGLang loads plugins before it configures
   logging, so an INFO line logged by `register()` itself would be lost; the hook logs the success line once
   per process, as soon as SGLang's logging is set up (at once if logging was configured before);
+- registers one HookRegistry AFTER hook on `DecodeCudaGraphRunner.get_spec_info`: it builds the spec info a decode
+  graph is captured with for EAGLE, DFLASH and NGRAM only, so a plugin algorithm's graphs were captured with none
+  and hidden mode NULL, and every replay of a verify that asks for FULL hidden states failed SGLang's check. For a
+  DDTREE target the hook answers DDTREE's capture spec info (ddtree_spec_info.DDTreeVerifyInput.for_capture:
+  hidden mode FULL, a packed mask of the capture's shape); other runners keep SGLang's answer;
 - registers one HookRegistry AFTER hook on the scheduler's `get_internal_state`: the answer gains `kdtree`, the
   status of each kdtree backend of that scheduler process (base, mode, verify steps, op and base calls per
-  layer, fall-backs, validate statistics) and `ddtree`, the stats of each DDTREE worker (rounds; with
-  KDTREE_DDTREE_PROFILE=1 accepted drafts and seconds per round phase), so `Engine.get_server_info()["internal_states"][i]["kdtree"]` (and the
-  HTTP server's /get_server_info) show what ran where, across the process boundary.
+  layer, fall-backs, validate statistics), `ddtree`, the stats of each DDTREE worker (rounds; with
+  KDTREE_DDTREE_PROFILE=1 accepted drafts and seconds per round phase), and `kdtree_ranks`, both for every TP rank
+  (`[{"tp_rank": r, "kdtree": [...], "ddtree": [...]}]`, gathered over the TP group's CPU group: only the first
+  rank answers SGLang's request), so `Engine.get_server_info()["internal_states"][i]["kdtree"]` (and the HTTP
+  server's /get_server_info) show what ran where, across the process boundary.
 SGLang applies the hooks itself (`HookRegistry.apply_hooks()` at the end of `load_plugins()`); nothing here
 patches anything.
 
@@ -46,10 +53,13 @@ BACKEND_NAME = "kdtree"
 BACKEND_CLASS_NAME = "KDTreeAttnBackend"
 DFLASH_POLICY_TARGET = "sglang.srt.speculative.dflash_utils.resolve_dflash_verify_mask_policy"
 CONFIGURE_LOGGER_TARGET = "sglang.srt.utils.common.configure_logger"
+DECODE_GRAPH_SPEC_INFO_TARGET = ("sglang.srt.model_executor.runner.decode_cuda_graph_runner."
+                                 "DecodeCudaGraphRunner.get_spec_info")
 INTERNAL_STATE_TARGET = ("sglang.srt.managers.scheduler_components.internal_state."
                          "SchedulerInternalStateController.get_internal_state")
 STATE_KEY = "kdtree"
 DDTREE_STATE_KEY = "ddtree"
+RANKS_STATE_KEY = "kdtree_ranks"
 SUCCESS_LINE = f"kdtree_ops: registered SGLang attention backend {BACKEND_NAME!r} (KDTREE_VERIFY modes: off|validate|on)"
 
 _registered = False
@@ -98,17 +108,71 @@ def dflash_verify_mask_policy_hook(result, attn_backend=None, *args, **kwargs):
     return name, dflash_utils.resolve_dflash_verify_mask_policy(kdtree.base)[1]
 
 
-def internal_state_hook(result, *args, **kwargs):
-    """AFTER hook on the scheduler's get_internal_state: adds the status of this process's kdtree backends."""
+def ddtree_capture_spec_info_hook(result, runner=None, num_tokens=None, *args, **kwargs):
+    """AFTER hook on `DecodeCudaGraphRunner.get_spec_info(self, num_tokens)`: DDTREE's capture spec info for a DDTREE
+    target's runner (SGLang's answer there is None); None (SGLang's answer kept) for every other runner."""
+    num_tokens = kwargs.get("num_tokens", num_tokens)
+    model_runner = getattr(runner, "model_runner", None)
+    if result is not None or model_runner is None or getattr(model_runner, "is_draft_worker", False):
+        return None
+    from .ddtree_algorithm import is_ddtree
+
+    if not is_ddtree(getattr(model_runner, "spec_algorithm", None)):
+        return None
+    from .ddtree_spec_info import DDTreeVerifyInput
+
+    return DDTreeVerifyInput.for_capture(int(num_tokens), int(runner.captured_req_width), model_runner.device)
+
+
+def _process_state() -> dict:
+    """This scheduler process's kdtree backends' status and DDTREE workers' stats (keys present once imported)."""
     import sys
 
     backend_module = sys.modules.get("kdtree_ops.sglang.backend")  # never imported: no kdtree backend here
     worker_module = sys.modules.get("kdtree_ops.sglang.ddtree_worker")  # imported when DDTREE runs
-    state = getattr(result, "internal_state", None)
-    if backend_module is not None and isinstance(state, dict):
+    state = {}
+    if backend_module is not None:
         state[STATE_KEY] = [b.status() for b in backend_module.live_backends()]
-    if worker_module is not None and isinstance(state, dict):
+    if worker_module is not None:
         state[DDTREE_STATE_KEY] = [w.stats() for w in worker_module.live_workers()]
+    return state
+
+
+def _every_tp_rank(state: dict) -> list:
+    """[{"tp_rank": r, **state of rank r}] for every rank of the TP group, in rank order.
+
+    Only the TP group's first rank answers SGLang's internal-state request, but every rank handles it, in the same
+    order (the scheduler broadcasts control requests over the TP group's CPU group: request_receiver.py
+    _broadcast_reqs_across_ranks), so the ranks can gather there. Under DP attention the control requests may be
+    broadcast within attention-TP groups only: then this rank's state alone."""
+    try:
+        from sglang.srt.runtime_context import get_parallel
+
+        parallel = get_parallel()
+        tp_size, tp_rank = int(parallel.tp_size), int(parallel.tp_rank)
+        gather = tp_size > 1 and not parallel.attn_dp_enabled
+    except Exception:  # no parallel state (a process that is not a scheduler)
+        return [{"tp_rank": 0, **state}]
+    if not gather:
+        return [{"tp_rank": tp_rank, **state}]
+    import torch.distributed as dist
+
+    states = [None] * tp_size
+    dist.all_gather_object(states, {"tp_rank": tp_rank, **state}, group=parallel.tp_group.cpu_group)
+    return states
+
+
+def internal_state_hook(result, *args, **kwargs):
+    """AFTER hook on the scheduler's get_internal_state: adds this process's kdtree backends' status (`kdtree`),
+    its DDTREE workers' stats (`ddtree`) and both for every TP rank (`kdtree_ranks`)."""
+    state = getattr(result, "internal_state", None)
+    if not isinstance(state, dict):
+        return None
+    local = _process_state()
+    if not local:  # no kdtree backend nor DDTREE worker in this process (so in none of its TP group's)
+        return None
+    state.update(local)
+    state[RANKS_STATE_KEY] = _every_tp_rank(local)
     return None  # the (updated) result is kept
 
 
@@ -154,6 +218,7 @@ def register() -> None:
         HookRegistry.register(DFLASH_POLICY_TARGET, dflash_verify_mask_policy_hook, HookType.AFTER)
         HookRegistry.register(CONFIGURE_LOGGER_TARGET, log_status_once, HookType.AFTER)
         HookRegistry.register(INTERNAL_STATE_TARGET, internal_state_hook, HookType.AFTER)
+        HookRegistry.register(DECODE_GRAPH_SPEC_INFO_TARGET, ddtree_capture_spec_info_hook, HookType.AFTER)
     except Exception as exc:
         # All or nothing: a CLI choice without its factory would fail later, far from the cause.
         for undo in reversed(added):

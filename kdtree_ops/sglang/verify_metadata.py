@@ -133,6 +133,33 @@ def _indptr(lengths: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return view
 
 
+def prefix_kv(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, host_lens,
+              kv_indptr: torch.Tensor | None = None, kv_indices: torch.Tensor | None = None,
+              max_context_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kv_indptr [B+1] int32, kv_indices int32) of B requests' committed prefixes, on the device with no host sync:
+    request b's prefix_lens[b] token slots from req_to_token at kv_indptr[b] (fill_prefix_slots).
+
+    Args:
+        req_to_token, req_pool_indices: SGLang's slot table and each request's row of it.
+        prefix_lens: [B] committed lengths on the device.
+        host_lens: the same lengths on the host ([>= B], a batch's seq_lens_cpu) or None: their max bounds the
+            [B, max_len] gather; without them the gather spans max_context_len columns.
+        kv_indptr, kv_indices: static buffers to write (>= B + 1 and >= B * max_context_len + 1 entries), or None
+            for fresh ones (kv_indices of B * max_len + 1 entries).
+        max_context_len: the most slots a request holds (default: req_to_token's width).
+    """
+    bs = prefix_lens.shape[0]
+    device = prefix_lens.device
+    bound = req_to_token.shape[1] if max_context_len is None else max_context_len
+    max_len = min(int(host_lens[:bs].max()), bound) if host_lens is not None and bs > 0 else bound
+    kv_indptr = _indptr(prefix_lens, torch.empty(bs + 1, dtype=torch.int32, device=device)
+                        if kv_indptr is None else kv_indptr)
+    if kv_indices is None:
+        kv_indices = torch.empty(bs * max_len + 1, dtype=torch.int32, device=device)
+    fill_prefix_slots(req_to_token, req_pool_indices, prefix_lens, kv_indptr, kv_indices, max_len)
+    return kv_indptr, kv_indices
+
+
 def eager_verify_step(forward_batch, spec_info, req_to_token: torch.Tensor, tokens: int, words: int,
                       verify_mask) -> VerifyStep:
     """The metadata of an eager verify step (fresh tensors; host lengths used where the batch has them)."""
@@ -140,11 +167,8 @@ def eager_verify_step(forward_batch, spec_info, req_to_token: torch.Tensor, toke
     device = forward_batch.seq_lens.device
     prefix = forward_batch.seq_lens[:bs]
     qo_indptr = torch.arange(0, (bs + 1) * tokens, tokens, dtype=torch.int32, device=device)
-    kv_indptr = _indptr(prefix, torch.empty(bs + 1, dtype=torch.int32, device=device))
-    host_lens = getattr(forward_batch, "seq_lens_cpu", None)
-    max_len = int(host_lens[:bs].max()) if host_lens is not None and bs > 0 else req_to_token.shape[1]
-    kv_indices = torch.empty(bs * max_len + 1, dtype=torch.int32, device=device)
-    fill_prefix_slots(req_to_token, forward_batch.req_pool_indices, prefix, kv_indptr, kv_indices, max_len)
+    kv_indptr, kv_indices = prefix_kv(req_to_token, forward_batch.req_pool_indices, prefix,
+                                      getattr(forward_batch, "seq_lens_cpu", None))
     # q's rows: the requests' B T, plus the rows DP attention pads after them (out_cache_loc is padded with q;
     # forward_batch_info.prepare_mlp_sync_batch). The mask's rows past the requests are zero.
     num_rows = max(bs * tokens, forward_batch.out_cache_loc.shape[0])
@@ -177,11 +201,10 @@ class GraphVerifyBuffers:
         prefix = forward_batch.seq_lens[:bs]
         qo = self.qo_indptr[: bs + 1]
         qo.copy_(torch.arange(0, (bs + 1) * tokens, tokens, dtype=torch.int32, device=qo.device))
-        kv_indptr = _indptr(prefix, self.kv_indptr)
-        host_lens = getattr(forward_batch, "seq_lens_cpu", None)  # outside the graph, a host bound may be used
-        max_len = int(host_lens[:bs].max()) if host_lens is not None and bs > 0 else self.max_context_len
-        fill_prefix_slots(req_to_token, forward_batch.req_pool_indices, prefix, kv_indptr, self.kv_indices,
-                          min(max_len, self.max_context_len))
+        # outside the graph, so a host bound on the lengths may size the gather
+        kv_indptr, _ = prefix_kv(req_to_token, forward_batch.req_pool_indices, prefix,
+                                 getattr(forward_batch, "seq_lens_cpu", None), self.kv_indptr, self.kv_indices,
+                                 self.max_context_len)
         self.refresh_mask(forward_batch, forward_batch.spec_info, tokens, verify_mask)
         return VerifyStep(qo, kv_indptr, self.kv_indices, self.packed, None)
 

@@ -1,0 +1,113 @@
+"""`python -m kdtree_ops bench --engine` on the CPU engine (graphs off, float32; its speed is not the point): every
+configuration it names becomes the launch it says, a run writes a row per batch size with the tokens it generated,
+DDTREE accepts drafts, the profiled run gives the round's time split, and a failing configuration is reported
+without stopping the others."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from requires import require
+
+require("sglang", "pip install -e '.[test,sglang]'")
+
+from sglang_cpu import ddtree_models  # noqa: E402
+from sglang_cpu.engine_driver import driver_env  # noqa: E402
+from sglang_cpu.engine_host import PLATFORM_SETTINGS  # noqa: E402
+
+from kdtree_ops.bench import engine as engine_bench  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _args(**overrides):
+    argv = ["--model-path", "/m", "--draft-model-path", "/d"]
+    for key, value in overrides.items():
+        argv += [f"--{key.replace('_', '-')}", value]
+    return engine_bench._parser().parse_args(argv)
+
+
+def test_configuration_names_are_the_launches_they_say():
+    args = _args(base_backend="triton")
+    engine, env = engine_bench.engine_config("dflash", args)
+    assert engine["speculative_algorithm"] == "DFLASH" and engine["attention_backend"] == "triton" and env == {}
+    engine, env = engine_bench.engine_config("dflash-kdtree", args)
+    assert engine["attention_backend"] == "kdtree" and env == {"KDTREE_BASE_BACKEND": "triton"}
+    engine, _ = engine_bench.engine_config("ddtree256", args)
+    assert (engine["speculative_algorithm"], engine["speculative_num_draft_tokens"],
+            engine["attention_backend"]) == ("DDTREE", 256, "kdtree")
+    assert "speculative_algorithm" not in engine_bench.engine_config("none", args)[0]
+    engine, env = engine_bench.engine_config("ddtree64-overlap", args)
+    assert (engine["speculative_num_draft_tokens"], env["KDTREE_DDTREE_OVERLAP"]) == (64, "1")
+    assert "KDTREE_DDTREE_OVERLAP" not in engine_bench.engine_config("ddtree64", args)[1]
+    with pytest.raises(ValueError, match="unknown configuration 'ddtreeX'"):
+        engine_bench.engine_config("ddtreeX", args)
+    with pytest.raises(ValueError, match="--eagle-draft-model-path"):
+        engine_bench.engine_config("eagle-kdtree", args)
+
+
+def test_stats_delta_counts_the_timed_batch_alone():
+    before = {"rounds": 3, "published": 0, "profiled": True, "drafts_accepted": 5, "host_gaps": 2,
+              "seconds": {"draft": 1.0, "host": 0.5}}
+    after = {"rounds": 8, "published": 0, "profiled": True, "drafts_accepted": 12, "host_gaps": 6,
+             "seconds": {"draft": 1.5, "host": 0.75}}
+    delta = engine_bench.stats_delta(before, after)
+    assert (delta["rounds"], delta["drafts_accepted"], delta["host_gaps"], delta["published"]) == (5, 7, 4, 0)
+    assert delta["seconds"] == pytest.approx({"draft": 0.5, "host": 0.25})
+
+
+def test_time_split_shares_and_the_rest():
+    stats = {"profiled": True, "seconds": {"draft": 1.0, "build": 0.5, "verify": 2.0, "accept": 0.25, "commit": 0.25}}
+    split = engine_bench.time_split(stats, 5.0)
+    assert split == pytest.approx({"draft": 0.2, "build": 0.1, "verify": 0.4, "accept": 0.05, "commit": 0.05,
+                                   "host": 0.0, "other": 0.2}, abs=1e-12)
+    assert engine_bench.time_split({"profiled": False}, 5.0) is None
+    stats["seconds"]["host"], stats["host_gaps"] = 0.5, 4
+    split = engine_bench.time_split(stats, 5.0)
+    assert (split["host"], split["other"]) == pytest.approx((0.1, 0.1), abs=1e-12)
+    assert engine_bench.host_us_per_round(stats) == pytest.approx(125000.0)
+    assert engine_bench.host_us_per_round({"profiled": False}) is None
+
+
+def test_engine_bench_runs_on_the_cpu_engine(tmp_path):
+    target = ddtree_models.markov_llama(tmp_path / "target")
+    draft = ddtree_models.dflash_draft(tmp_path / "draft")
+    settings = {k: v for k, v in PLATFORM_SETTINGS["cpu"].items()}
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "kdtree_ops", "bench", "--engine", "--model-path", str(target),
+           "--draft-model-path", str(draft), "--configs", "none,ddtree16,ddtree9x", "--batch-sizes", "1,2",
+           "--new-tokens", "12", "--prompt-len", "8",
+           "--vocab-range", f"{ddtree_models.FIRST_WORD},{ddtree_models.VOCAB}",
+           "--engine-args", json.dumps(settings), "--profile", "--out", str(out)]
+    bad = subprocess.run(cmd, cwd=REPO, env=driver_env(platform="cpu"), capture_output=True, text=True, timeout=60)
+    assert bad.returncode != 0 and "unknown configuration 'ddtree9x'" in bad.stderr  # before any engine starts
+    # eagle-kdtree's draft does not exist: it fails, is reported, and the others still run
+    cmd[cmd.index("none,ddtree16,ddtree9x")] = "none,ddtree16,eagle-kdtree"
+    cmd += ["--eagle-draft-model-path", str(tmp_path / "no-such-draft")]
+    run = subprocess.run(cmd, cwd=REPO, env=driver_env(platform="cpu"), capture_output=True, text=True, timeout=900)
+    records = [json.loads(line) for line in (out / "engine_bench.json").read_text().splitlines()]
+    assert [(r["config"], r["profiled"]) for r in records] == [("none", False), ("ddtree16", False),
+                                                             ("eagle-kdtree", False), ("ddtree16", True)], run.stdout
+    none, ddtree, eagle, profiled = records
+    for rec in (none, ddtree, profiled):
+        assert rec["ok"], rec.get("error")
+        assert [(r["batch"], r["tokens"]) for r in rec["rows"]] == [(1, 12), (2, 24)]
+        assert all(r["tokens_per_s"] > 0 for r in rec["rows"])
+    assert none["rows"][0]["tokens_per_verify"] is None
+    assert all(r["tokens_per_verify"] > 1.5 for r in ddtree["rows"])  # the toy drafter agrees most of the time
+    for row in profiled["rows"]:  # the phases of the timed batch only: within its wall time
+        assert row["ddtree"]["rounds"] > 0 and row["ddtree"]["drafts_accepted"] > 0
+        split = engine_bench.time_split(row["ddtree"], row["seconds"])
+        assert split["verify"] > 0 and split["draft"] > 0 and split["build"] > 0 and split["other"] > 0
+        # 12 tokens a request: more than one decode round, so at least one gap between two of them was timed
+        # a gap between two rounds of this batch: fewer than its rounds (counted over the timed batch alone)
+        assert 0 < row["ddtree"]["host_gaps"] < row["ddtree"]["rounds"] and split["host"] > 0
+        assert engine_bench.host_us_per_round(row["ddtree"]) > 0
+        assert sum(split.values()) == pytest.approx(1.0)
+    assert not eagle["ok"] and "no-such-draft" in eagle["error"] and run.returncode == 1
+    table = (out / "engine_bench.md").read_text()
+    assert "| ddtree16 |" in table and "| eagle-kdtree | failed:" in table and "DDTREE round time split" in table

@@ -1,0 +1,139 @@
+"""`--speculative-algorithm DDTREE` on SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1) in a real sglang.Engine
+on the CPU: lossless, relayed through SGLang's FutureMap.
+
+The engine, models and prompts are test_sglang_ddtree_engine.py's (sglang_cpu/engine_driver.py, SGLANG_USE_CPU_ENGINE=1,
+`attention_backend="kdtree"`). On the CPU SGLang's overlap loop runs with its stream and event stand-ins (every
+kernel has run when it returns), so this shows the loop's bookkeeping, not the overlap in time: the bonus tokens
+relayed through the FutureMap's rows, the lengths through `on_publish`, the carries filtered as requests finish in
+different rounds and merged as chunked prompts join the running batch. Shown, greedy, `ignore_eos`:
+
+a. with the radix cache (a second round over cached prefixes) and without it under 16-token chunked prefill, DDTREE
+   on the overlap scheduler equals the engine without speculation token for token, accepting drafts;
+b. every decode round ran on the overlap loop (the worker counts the rounds SGLang handed `on_publish`, which only
+   the overlap loop does), and none did without KDTREE_DDTREE_OVERLAP (the synchronous default);
+c. a bad KDTREE_DDTREE_OVERLAP fails at launch, naming the values;
+d. (no engine) the carry passes SGLang's relay (RelayPayload.from_draft_input) and filters and merges by the
+   scheduler's future_indices.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from requires import require
+
+require("sglang", "pip install -e '.[test,sglang]'")
+
+sys.path.insert(0, str(Path(__file__).parent))
+from sglang_cpu import ddtree_models  # noqa: E402
+from sglang_cpu.engine_host import EngineError, EngineHost  # noqa: E402
+from test_sglang_ddtree_engine import NEW_TOKENS, PROMPTS, ddtree, drafts_per_verify  # noqa: E402
+
+DRAFTED = ddtree_models.BLOCK_SIZE - 1
+OVERLAP = {"KDTREE_DDTREE_OVERLAP": "1"}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ddtree_overlap_models")
+    return {"target": str(ddtree_models.markov_llama(root / "target")),
+            "draft": str(ddtree_models.dflash_draft(root / "draft"))}
+
+
+@pytest.fixture(scope="module")
+def host(ops):
+    engine_host = EngineHost()
+    yield engine_host
+    engine_host.close()
+
+
+def _run(host, model: str, rounds: int = 1, env=None, **engine) -> dict:
+    host.start(model, env=env, **engine)
+    try:
+        results = [host.generate(PROMPTS, NEW_TOKENS) for _ in range(rounds)]
+        (worker,) = host.request("server_info")["internal_states"][0]["ddtree"] if "speculative_algorithm" in engine \
+            else (None,)
+    finally:
+        host.stop()
+    return {"rounds": results, "ids": [o["output_ids"] for o in results[0]], "worker": worker,
+            "log": host.new_log()}
+
+
+@pytest.fixture(scope="module")
+def reference(host, models):
+    return _run(host, models["target"], attention_backend="torch_native")
+
+
+@pytest.fixture(scope="module")
+def overlap_radix(host, models):
+    return _run(host, models["target"], rounds=2, env=OVERLAP, **ddtree(models))
+
+
+@pytest.fixture(scope="module")
+def overlap_chunked(host, models):
+    return _run(host, models["target"], env=OVERLAP, disable_radix_cache=True, chunked_prefill_size=16,
+                **ddtree(models, 64))
+
+
+@pytest.fixture(scope="module")
+def synchronous(host, models):
+    return _run(host, models["target"], **ddtree(models))
+
+
+def test_overlapped_ddtree_with_radix_cache_equals_non_speculative(reference, overlap_radix):
+    first, second = overlap_radix["rounds"]
+    assert overlap_radix["ids"] == reference["ids"]
+    assert [o["output_ids"] for o in second] == reference["ids"]
+    assert sum(o["meta_info"]["cached_tokens"] for o in second) > 0
+    assert 0 < drafts_per_verify(overlap_radix) < DRAFTED, drafts_per_verify(overlap_radix)
+
+
+def test_overlapped_ddtree_chunked_prefill_equals_non_speculative(reference, overlap_chunked):
+    assert overlap_chunked["ids"] == reference["ids"]
+    assert 0 < drafts_per_verify(overlap_chunked) < DRAFTED
+
+
+def test_every_round_ran_on_the_overlap_loop_and_none_by_default(overlap_radix, overlap_chunked, synchronous):
+    for run in (overlap_radix, overlap_chunked):
+        worker = run["worker"]
+        assert worker["rounds"] > 0 and worker["published"] == worker["rounds"], worker
+        assert "KDTREE_DDTREE_OVERLAP=1, overlap scheduling on" in run["log"]
+    assert synchronous["worker"]["rounds"] > 0 and synchronous["worker"]["published"] == 0, synchronous["worker"]
+    assert "overlap scheduling turned off" in synchronous["log"]
+
+
+def test_a_bad_overlap_switch_fails_at_launch(host, models):
+    with pytest.raises(EngineError, match="KDTREE_DDTREE_OVERLAP must be 1 .* or 0"):
+        host.start(models["target"], env={"KDTREE_DDTREE_OVERLAP": "yes"}, **ddtree(models))
+    host.new_log()
+
+
+def test_the_carry_is_relayed_filtered_and_merged_as_sglang_s_overlap_loop_does():
+    """The scheduler's relay reads EAGLE's fields of the carry (RelayPayload.from_draft_input: an AttributeError on
+    `topk_p` before DDTreeCarry declared them); once the scheduler set `future_indices`, filtering and merging work on
+    them (the carry's own tensors belong to the forward stream), as DFlashDraftInputV2's do."""
+    import torch
+    from sglang.srt.managers.overlap_utils import RelayPayload
+
+    from kdtree_ops.sglang.ddtree_spec_info import DDTreeCarry
+
+    carry = DDTreeCarry(torch.tensor([5, 6, 7]), torch.tensor([10, 11, 12]), 16)
+    payload = RelayPayload.from_draft_input(carry)
+    assert payload.bonus_tokens.tolist() == [5, 6, 7]
+    assert payload.topk_p is payload.topk_index is payload.hidden_states is payload.dsa_topk_indices is None
+    carry.future_indices = torch.tensor([3, 4, 9])
+    carry.filter_batch(torch.tensor([0, 2]))
+    assert carry.future_indices.tolist() == [3, 9]
+    joining = DDTreeCarry(torch.tensor([8]), torch.tensor([20]), 16)
+    with pytest.raises(RuntimeError, match="no future_indices"):
+        carry.merge_batch(joining)
+    joining.future_indices = torch.tensor([1])
+    carry.merge_batch(joining)
+    assert carry.future_indices.tolist() == [3, 9, 1]
+    # the synchronous loop (no future_indices) filters and merges the carried tensors themselves
+    sync = DDTreeCarry(torch.tensor([5, 6, 7]), torch.tensor([10, 11, 12]), 16)
+    sync.filter_batch(torch.tensor([0, 2]))
+    sync.merge_batch(DDTreeCarry(torch.tensor([8]), torch.tensor([20]), 16))
+    assert (sync.bonus_tokens.tolist(), sync.new_seq_lens.tolist()) == ([5, 7, 8], [10, 12, 20])

@@ -1,0 +1,266 @@
+"""`python -m kdtree_ops bench --engine`: end-to-end tokens/s of SGLang engines, per speculative algorithm and batch.
+
+    python -m kdtree_ops bench --engine --model-path TARGET --draft-model-path DFLASH_DRAFT \
+        [--eagle-draft-model-path EAGLE_DRAFT] [--configs none,dflash,dflash-kdtree,ddtree16,ddtree64,...] \
+        [--batch-sizes 1,4,16,32] [--new-tokens 128] [--base-backend triton] [--engine-args JSON] [--out DIR]
+
+Each configuration runs in a fresh process (SGLang keeps one Engine a process, and a crashed engine must not take
+the others down) with CUDA graphs on (SGLang's default) unless --engine-args says otherwise. Per batch size B: one
+warm-up batch, then B greedy requests of random prompts (ids from --vocab-range; the same prompts for every
+configuration) generating --new-tokens each with ignore_eos; tokens/s = the batch's completion tokens over its wall
+time, and tokens per verify step from SGLang's `spec_verify_ct`. Configurations:
+- `none`: no speculation; `ngram`, `eagle`, `dflash`: SGLang's algorithm with its own verify (the base backend);
+- `ngram-kdtree`, `eagle-kdtree`, `dflash-kdtree`: the same with `--attention-backend kdtree` (verify by the op);
+- `ddtreeN`: DDTREE through kdtree with N tree tokens (the root and N - 1 drafts); `ddtreeN-overlap`: the same on
+  SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1).
+With --profile, each DDTREE configuration runs again with KDTREE_DDTREE_PROFILE=1 (it synchronizes at each phase
+boundary, so its tokens/s are not reported) for the round's time split: draft, tree build, verify, accept, commit,
+host (the scheduler's work between two decode rounds, also given in us a round) and other (the batch's prefill and
+the requests' way through the engine).
+Writes DIR/engine_bench.json (a line per configuration) and DIR/engine_bench.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+PHASES = ("draft", "build", "verify", "accept", "commit")
+DEFAULT_CONFIGS = "none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree256,ddtree1023"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m kdtree_ops bench --engine", description=__doc__.splitlines()[0])
+    p.add_argument("--engine", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--model-path", required=True, help="the target model")
+    p.add_argument("--draft-model-path", default=None, help="DFlash draft checkpoint (dflash*, ddtree*)")
+    p.add_argument("--eagle-draft-model-path", default=None, help="EAGLE draft checkpoint (eagle*)")
+    p.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated (default {DEFAULT_CONFIGS})")
+    p.add_argument("--batch-sizes", default="1,4,16,32")
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--vocab-range", default=None, help="LOW,HIGH: prompt ids (default 100 .. the model's vocab)")
+    p.add_argument("--base-backend", default=None,
+                   help="the attention backend of the non-kdtree configurations and kdtree's base (default: SGLang's)")
+    p.add_argument("--engine-args", default="{}", help="JSON of extra sglang.Engine arguments for every configuration")
+    p.add_argument("--eagle-topk", type=int, default=4)
+    p.add_argument("--profile", action="store_true", help="DDTREE's round time split (an extra, synchronizing run)")
+    p.add_argument("--timeout-s", type=float, default=1800, help="per configuration")
+    p.add_argument("--out", default="bench_results")
+    return p
+
+
+def engine_config(name: str, args) -> tuple[dict, dict]:
+    """(sglang.Engine kwargs, environment) of a configuration name (module docstring)."""
+    engine, env = dict(model_path=args.model_path), {}
+    if name.startswith("ddtree") and name.endswith("-overlap"):
+        env["KDTREE_DDTREE_OVERLAP"] = "1"
+        name = name.removesuffix("-overlap")
+    kdtree = name.endswith("-kdtree") or name.startswith("ddtree")
+    algorithm = name.removesuffix("-kdtree")
+    if kdtree:
+        engine["attention_backend"] = "kdtree"
+        if args.base_backend:
+            env["KDTREE_BASE_BACKEND"] = args.base_backend
+    elif args.base_backend:
+        engine["attention_backend"] = args.base_backend
+    draft_backend = {"speculative_draft_attention_backend": args.base_backend} if args.base_backend else {}
+    if algorithm == "none":
+        pass
+    elif algorithm == "ngram":
+        engine.update(speculative_algorithm="NGRAM", speculative_num_draft_tokens=8)
+    elif algorithm == "eagle":
+        engine.update(speculative_algorithm="EAGLE", speculative_draft_model_path=_need(args.eagle_draft_model_path,
+                                                                                        "--eagle-draft-model-path"),
+                      speculative_num_steps=3, speculative_eagle_topk=args.eagle_topk,
+                      speculative_num_draft_tokens=8, **draft_backend)
+    elif algorithm == "dflash":
+        engine.update(speculative_algorithm="DFLASH",
+                      speculative_draft_model_path=_need(args.draft_model_path, "--draft-model-path"), **draft_backend)
+    elif algorithm.startswith("ddtree") and algorithm[6:].isdigit():
+        engine.update(speculative_algorithm="DDTREE", speculative_num_draft_tokens=int(algorithm[6:]),
+                      speculative_draft_model_path=_need(args.draft_model_path, "--draft-model-path"))
+    else:
+        raise ValueError(f"--configs: unknown configuration {name!r} (none, ngram, eagle, dflash, each optionally "
+                         f"with -kdtree, or ddtreeN, optionally with -overlap)")
+    engine.update(json.loads(args.engine_args))
+    return engine, env
+
+
+def _need(value, flag: str):
+    if not value:
+        raise ValueError(f"{flag} is needed by the configurations selected")
+    return value
+
+
+def prompts(args, count: int) -> list:
+    if args.vocab_range:
+        low, high = (int(x) for x in args.vocab_range.split(","))
+    else:
+        config = json.loads((Path(args.model_path) / "config.json").read_text())
+        low, high = 100, int(config["vocab_size"])
+    rng = random.Random(0)
+    return [[rng.randrange(low, high) for _ in range(args.prompt_len)] for _ in range(count)]
+
+
+def run_child(spec_path: str, out_path: str) -> None:
+    """In the configuration's own process: one Engine, every batch size, results to out_path."""
+    spec = json.loads(Path(spec_path).read_text())
+    os.environ.update(spec["env"])
+    import sglang
+
+    rows = []
+    engine = sglang.Engine(**spec["engine"])
+
+    def ddtree_stats():  # the DDTREE worker's counters (get_server_info), None for other algorithms
+        states = engine.get_server_info()["internal_states"]
+        return (states[0].get("ddtree") or [None])[0] if states else None
+
+    try:
+        params = {"max_new_tokens": spec["new_tokens"], "temperature": 0.0, "ignore_eos": True}
+        engine.generate(input_ids=spec["prompts"][:1], sampling_params=dict(params, max_new_tokens=8))
+        for b in spec["batch_sizes"]:
+            batch = spec["prompts"][:b]
+            engine.generate(input_ids=batch, sampling_params=dict(params, max_new_tokens=4))  # this size's warm-up
+            before = ddtree_stats()
+            t0 = time.perf_counter()
+            outs = engine.generate(input_ids=batch, sampling_params=params)
+            seconds = time.perf_counter() - t0
+            tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
+            verify = sum(o["meta_info"].get("spec_verify_ct", 0) or 0 for o in outs)
+            rows.append({"batch": b, "seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+                         "tokens_per_verify": tokens / verify if verify else None,
+                         "ddtree": stats_delta(before, ddtree_stats())})
+    finally:
+        engine.shutdown()
+    Path(out_path).write_text(json.dumps({"rows": rows}, default=float))
+
+
+def stats_delta(before: dict | None, after: dict | None) -> dict | None:
+    """The DDTREE worker's counters over one timed batch (they accumulate over the engine's life)."""
+    if not after:
+        return None
+    delta = dict(after)
+    for counter in ("rounds", "published", "drafts_accepted", "host_gaps"):
+        if counter in after:
+            delta[counter] = after[counter] - before.get(counter, 0)
+    if after.get("profiled"):
+        delta["seconds"] = {p: after["seconds"][p] - before["seconds"].get(p, 0.0) for p in after["seconds"]}
+    return delta
+
+
+def run_config(name: str, args, out: Path, profile: bool = False) -> dict:
+    engine, env = engine_config(name, args)
+    if profile:
+        env["KDTREE_DDTREE_PROFILE"] = "1"
+    sizes = [int(b) for b in args.batch_sizes.split(",")]
+    tag = name + ("-profile" if profile else "")
+    spec = {"engine": engine, "env": env, "batch_sizes": sizes, "new_tokens": args.new_tokens,
+            "prompts": prompts(args, max(sizes))}
+    (out / f"{tag}.spec.json").write_text(json.dumps(spec))
+    result_path, log_path = out / f"{tag}.result.json", out / f"{tag}.log"
+    result_path.unlink(missing_ok=True)
+    t0 = time.monotonic()
+    with log_path.open("w") as log:
+        try:
+            proc = subprocess.run([sys.executable, "-m", "kdtree_ops.bench.engine", "--child",
+                                   str(out / f"{tag}.spec.json"), str(result_path)],
+                                  stdout=log, stderr=subprocess.STDOUT, timeout=args.timeout_s)
+            code = proc.returncode
+        except subprocess.TimeoutExpired:
+            code = "timeout"
+    record = {"config": name, "profiled": profile, "engine": engine, "env": env,
+              "wall_s": round(time.monotonic() - t0, 1)}
+    if code == 0 and result_path.exists():
+        record.update(ok=True, **json.loads(result_path.read_text()))
+    else:
+        record.update(ok=False, error=f"exit {code}; log tail:\n" + log_path.read_text(errors="replace")[-3000:])
+    return record
+
+
+def time_split(ddtree: dict | None, seconds: float) -> dict | None:
+    """Share of a profiled batch's wall time per phase (its stats_delta): the round's phases, `host` (the scheduler's
+    work between two decode rounds, ddtree_worker.PhaseClock) and `other`, the rest (the batch's prefill, the
+    request's way in and out of the engine)."""
+    if not ddtree or not ddtree.get("profiled") or not seconds:
+        return None
+    phases = ddtree["seconds"]
+    split = {p: phases.get(p, 0.0) / seconds for p in (*PHASES, "host")}
+    split["other"] = max(0.0, 1.0 - sum(split.values()))
+    return split
+
+
+def host_us_per_round(ddtree: dict | None) -> float | None:
+    """The scheduler's host time between two decode rounds, in microseconds a gap (a profiled stats_delta)."""
+    if not ddtree or not ddtree.get("profiled") or not ddtree.get("host_gaps"):
+        return None
+    return 1e6 * ddtree["seconds"].get("host", 0.0) / ddtree["host_gaps"]
+
+
+def markdown(records: list) -> str:
+    sizes = sorted({r["batch"] for rec in records if rec.get("ok") for r in rec["rows"]})
+    lines = ["| configuration | " + " | ".join(f"B={b} tok/s (tokens/verify)" for b in sizes) + " |",
+             "|---|" + "---|" * len(sizes)]
+    for rec in records:
+        if rec["profiled"]:
+            continue
+        if not rec.get("ok"):
+            lines.append(f"| {rec['config']} | failed: {rec['error'].splitlines()[-1][:120]} |")
+            continue
+        by = {r["batch"]: r for r in rec["rows"]}
+        cells = [f"{by[b]['tokens_per_s']:.1f}" + (f" ({by[b]['tokens_per_verify']:.2f})"
+                                                    if by[b]["tokens_per_verify"] else "") if b in by else ""
+                 for b in sizes]
+        lines.append(f"| {rec['config']} | " + " | ".join(cells) + " |")
+    profiled = [r for r in records if r["profiled"] and r.get("ok")]
+    if profiled:
+        columns = (*PHASES, "host", "other")
+        lines += ["", "DDTREE round time split (profiled runs, largest batch; share of the batch's wall time; host: "
+                  "the scheduler between two decode rounds, us a round):", "",
+                  "| configuration | " + " | ".join(columns) + " | host us/round |",
+                  "|---|" + "---|" * (len(columns) + 1)]
+        for rec in profiled:
+            row = max(rec["rows"], key=lambda r: r["batch"])
+            split = time_split(row["ddtree"], row["seconds"])
+            if split:
+                host_us = host_us_per_round(row["ddtree"])
+                lines.append(f"| {rec['config']} | " + " | ".join(f"{100 * split[p]:.0f} %" for p in columns)
+                             + f" | {'' if host_us is None else f'{host_us:.0f}'} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--child"]:
+        run_child(argv[1], argv[2])
+        return 0
+    args = _parser().parse_args(argv)
+    names = [c.strip() for c in args.configs.split(",") if c.strip()]
+    for name in names:
+        engine_config(name, args)  # a bad name or a missing draft fails before any engine starts
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    records = []
+    jobs = [(n, False) for n in names] + [(n, True) for n in names if args.profile and n.startswith("ddtree")]
+    for name, profile in jobs:
+        print(f"kdtree_ops bench --engine: {name}{' (profiled)' if profile else ''} ...", flush=True)
+        record = run_config(name, args, out, profile)
+        records.append(record)
+        with (out / "engine_bench.json").open("a") as f:
+            f.write(json.dumps(record, default=float) + "\n")
+        print("  " + ("; ".join(f"B={r['batch']}: {r['tokens_per_s']:.1f} tok/s" for r in record["rows"])
+                      if record.get("ok") else "FAILED " + record["error"].splitlines()[0]), flush=True)
+    text = markdown(records)
+    (out / "engine_bench.md").write_text(text)
+    print(text)
+    return 0 if all(r.get("ok") for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
