@@ -412,8 +412,9 @@ def fp8_path_cases() -> list[Case]:
             continue
         head = family.split()[-1]
         cases.append(Case(f"attention-fp8_overlap_gated-{head}", support_call(*config),
-                          r"the fp8 overlap path \(KDTREE_OPS_FP8_PATH=overlap\) of tree_verify_attention "
-                          rf"{head} is not yet verified on a GPU.*KDTREE_OPS_FP8_PATH=widen, the default",
+                          rf"tree_verify_attention {head} over an fp8 KV cache by the fp8 overlap path "
+                          r"\(KDTREE_OPS_FP8_PATH=overlap\) for the .* class.* is not yet verified on a GPU.*"
+                          r"KDTREE_OPS_FP8_PATH=widen, the default",
                           gated=True, fp8_path="overlap"))
         cases.append(Case(f"attention-fp8_overlap-{head}", support_call(*config), None, fp8_path="overlap"))
     fp8_config, same_config = GATE_ATTENTION[("tree_verify_attention hd128", "fp8")], \

@@ -40,7 +40,7 @@ SCALES = (0.05, 0.3)
 FP8_PATHS = ["widen", "overlap"]
 
 
-@pytest.fixture(autouse=True, params=FP8_PATHS)
+@pytest.fixture(autouse=True, params=FP8_PATHS, ids=lambda path: f"fp8_{path}")  # the GPU suite selects fp8_overlap
 def fp8_path(request, monkeypatch):
     """Every test of this file on each fp8 path: KDTREE_OPS_FP8_PATH is read at each call."""
     monkeypatch.setenv("KDTREE_OPS_FP8_PATH", request.param)
@@ -149,18 +149,19 @@ def test_fp8_long_prefix_split_and_logit_cap(ops, kind):
 
 def test_fp8_unit_scales_equal_the_same_cache_in_bf16(ops, fp8_path):
     """Scales of 1: the converted tile is exactly the bf16 cache of the same values (on the overlap path the folded
-    scales multiply by 1), so the outputs are bit-equal where the fp8 configuration has the bf16 one's tiles: every
-    class but the 99 KB one on the overlap path, whose hd128 tiles take 32 keys, not 64 (then the float64 check)."""
+    scales multiply by 1), so on the widen path the outputs are bit-equal; the overlap path's configurations may
+    differ (the 99 KB class's hd128 tiles take 32 keys, and more shared memory may change the split of long prefixes),
+    so there both calls pass the float64 check."""
     case = fp8_case(torch.float8_e4m3fn, scales=(1.0, 1.0), tree_sizes=[40, 7], prefix_lens=[600, 33],
                     num_q_heads=16, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, draft_mode="separate", seed=3)
     fp8_out, _ = check(ops, case)
     case.k_cache, case.v_cache = case.k_cache.to(torch.bfloat16), case.v_cache.to(torch.bfloat16)
     case.k_scale = case.v_scale = 1.0
     bf16_out = ops.tree_verify_attention(*case.scaled_args())
-    if fp8_path == "overlap" and ops.cuda_launch_class("cuda") == "99 KB":
-        check(ops, case)  # the bf16 call's own float64 check; fp8_out passed its own above
-    else:
+    if fp8_path == "widen":
         assert torch.equal(fp8_out, bf16_out)
+    else:  # other tiles (99 KB), another shared-memory size (so maybe another split of the keys): both checked above
+        check(ops, case)
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])

@@ -67,12 +67,9 @@ const TreeVerifyFamily* find_tree_verify_family(int64_t head_dim_qk, int64_t hea
 }
 
 std::string tree_verify_unverified_reason(const TreeVerifyFamily& family, int device, bool fp8) {
-  // The fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap) is no family of its own in the table: no GPU run has passed it
-  // yet, on any class, so it runs only with the gate lifted.
-  if (fp8 && fp8_path() == Fp8Path::kOverlap && !unverified_families_allowed())
-    return std::string("the fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap) of ") + family.verified_as +
-           " is not yet verified on a GPU: it is built, but no run of the GPU suite has passed this source "
-           "(KDTREE_OPS_UNVERIFIED=1 runs it anyway; KDTREE_OPS_FP8_PATH=widen, the default, is the verified path)";
+  // The fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap) has rows of its own in the table ("fp8 overlap"): no GPU run
+  // has passed it yet, on any class, so it runs only with the gate lifted.
+  if (fp8 && fp8_path() == Fp8Path::kOverlap) return unverified_reason_on(family.verified_as, "fp8 overlap", device);
   return unverified_reason_on(family.verified_as, fp8 ? "fp8" : "same", device);
 }
 

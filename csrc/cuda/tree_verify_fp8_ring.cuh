@@ -99,7 +99,8 @@ __device__ __forceinline__ void TreeVerifyCta<C>::convert_fp8_tile(const Request
 // on full and handed back on empty; in between, each tile passes through the landing ring, L = kLandStagesK (V)
 // tiles deep. A copier keeps L groups of its copies in flight: it waits for its copies of tile t, waits for buffer
 // t % STAGES, converts its chunks of tile t into it and announces it, then issues its copies of tile t + L into the
-// ring slot that tile t has just left.
+// ring slot that tile t has just left. Its loops stay rolled (the gatherers have kLoadRegs = 56: unrolled twice, the
+// hd128 wgmma kernels spilled 32-36 bytes, ptxas nvcc 13.0).
 template <class C>
 template <bool kV>
 __device__ __forceinline__ void TreeVerifyCta<C>::produce_fp8(const Segment& sg, int copier) {
@@ -139,7 +140,7 @@ __device__ __forceinline__ void TreeVerifyCta<C>::produce_fp8(const Segment& sg,
       for (int e = 0; e < kRowsEach; ++e)
         if (has_key(e)) rows[copier + e * kCopiers] = next[e];
       named_barrier_sync<kCopiers>(kLoadBarrier + kV);  // the staged rows are visible to every copier
-      land_fp8_tile<kD, kCopiers>(rows, land + (t % kLand) * kLandTile, copier);
+      land_fp8_tile<kD, kCopiers, 1>(rows, land + (t % kLand) * kLandTile, copier);
       rows_of(kt + 1, next);
     }
     cp_async_commit();
@@ -150,7 +151,7 @@ __device__ __forceinline__ void TreeVerifyCta<C>::produce_fp8(const Segment& sg,
     const int t = sg.tiles_before + kt - kt0, buf = t % C::kStages;
     cp_async_wait<kLand - 1>();  // this copier's copies of tile kt
     mbarrier_wait(empty + buf, phase_parity(t) ^ 1);  // a fresh barrier's "previous phase" counts as done
-    convert_fp8_tile<kD, kCopiers, kV>(r, sg.h, kt, land + (t % kLand) * kLandTile, tiles + buf * kTileElems,
+    convert_fp8_tile<kD, kCopiers, kV, 1>(r, sg.h, kt, land + (t % kLand) * kLandTile, tiles + buf * kTileElems,
                                        copier);
     fence_proxy_async();  // the converted chunks, visible to wgmma
     mbarrier_arrive(full + buf);
