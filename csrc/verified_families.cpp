@@ -24,8 +24,8 @@ constexpr VerifiedFamily kFamilies[] = {
     {"tree_verify_attention hd256", "fp8", {true, false, true, true}},
     {"tree_verify_attention mla", "fp8", {true, false, true, true}},
     // fp8 caches on the overlap path (KDTREE_OPS_FP8_PATH=overlap: the landing ring, scales folded into the softmax
-    // and O; issue 47). Built for every target with its ptxas resources checked (examples/TUNING.md, "fp8 KV caches");
-    // never run on a GPU.
+    // and O; issue 47). Built for sm_80, sm_90a and sm_120 (examples/TUNING.md, "fp8 KV caches": ptxas resources; the
+    // hd64/hd128 wgmma GQA kernels spill on sm_90a, MLA's on sm_80); never run on a GPU.
     {"tree_verify_attention hd64", "fp8 overlap", {false, false, false, false}},
     {"tree_verify_attention hd128", "fp8 overlap", {false, false, false, false}},
     {"tree_verify_attention hd256", "fp8 overlap", {false, false, false, false}},

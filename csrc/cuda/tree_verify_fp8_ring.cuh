@@ -99,8 +99,8 @@ __device__ __forceinline__ void TreeVerifyCta<C>::convert_fp8_tile(const Request
 // on full and handed back on empty; in between, each tile passes through the landing ring, L = kLandStagesK (V)
 // tiles deep. A copier keeps L groups of its copies in flight: it waits for its copies of tile t, waits for buffer
 // t % STAGES, converts its chunks of tile t into it and announces it, then issues its copies of tile t + L into the
-// ring slot that tile t has just left. Its loops stay rolled (the gatherers have kLoadRegs = 56: unrolled twice, the
-// hd128 wgmma kernels spilled 32-36 bytes, ptxas nvcc 13.0).
+// ring slot that tile t has just left. Its loops are rolled (the gatherers have kLoadRegs = 56); the hd64/hd128 wgmma
+// kernels spill 12-40 bytes on sm_90a either way (examples/TUNING.md, "fp8 KV caches": not yet traced).
 template <class C>
 template <bool kV>
 __device__ __forceinline__ void TreeVerifyCta<C>::produce_fp8(const Segment& sg, int copier) {
