@@ -46,6 +46,22 @@ def test_markdown_table_has_the_fp8_column():
     assert "fp8 KV cache" not in markdown_table(results(with_fp8=False))
 
 
+def test_fp8_overlap_path_gets_columns_of_its_own_in_the_fp8_table_only():
+    """kdtree_fp8_overlap (the fp8 overlap path, timed beside the default path in the same run) adds its time, kdtree's
+    bf16 time over it and its % of the fp8 floor to the fp8 rows; the bf16 table and the plot leave it out."""
+    r = results()
+    r["implementations"].insert(1, "kdtree_fp8_overlap")
+    r["workloads"][0]["fp8"]["impls"]["kdtree_fp8_overlap"] = {"median_us": 40.0, "correct": False}
+    table = markdown_table(r)
+    bf16_head = table.splitlines()[0]
+    assert "kdtree_fp8_overlap" not in bf16_head and bf16_head.count("µs") == 3, bf16_head  # floor, kdtree, triton
+    fp8_row = [line for line in table.splitlines() if line.startswith("| G2 | 30.0")][0]
+    # the default path as before, then overlap 40.0 (failed its check: ✗), bf16 / overlap = 80 / 40, 30 / 40 of floor
+    assert fp8_row.endswith("| 48.0 | 480.0 | 10.0 | 1.67 | 62 % | 40.0 ✗ | 2.00 | 75 % |"), fp8_row
+    r["workloads"][0]["fp8"]["impls"]["kdtree_fp8_overlap"] = {"error": "RuntimeError: not yet verified"}
+    assert "| 62 % | error | — | — |" in markdown_table(r)
+
+
 def test_estimate_carries_the_fraction_of_floor():
     rows = estimate_rows(results())
     assert [(r["name"], r["cache"]) for r in rows] == [("G2", "bf16"), ("G2", "fp8")]

@@ -13,8 +13,9 @@ Covered, for tree_verify_attention (functional and `_out` forms, eager and while
   capturing (the capture succeeds; the graph is never replayed, as its kernel would read out of bounds); with it
   unset the host does not check them: eagerly only for a fault the kernel survives (too few mask words: words
   past W read as zero), the others by capturing without replay (no host check raises, nothing runs);
-and the same for tree_mask_from_parents / tree_mask_from_dense and record_divergence. Then the has-kernel answer
-is compared with what the op does over a grid of dtypes, head dims and KV heads.
+and the same for tree_mask_from_parents / tree_mask_from_dense and record_divergence; the fp8 path switch
+(KDTREE_OPS_FP8_PATH: the overlap path gated until a GPU run passes it, a value naming no path). Then the has-kernel
+answer is compared with what the op does over a grid of dtypes, head dims and KV heads.
 """
 
 from __future__ import annotations
@@ -120,6 +121,7 @@ class Case:
     pattern: str | None
     debug: bool = False  # KDTREE_OPS_DEBUG=1 in the child's environment
     gated: bool = False  # KDTREE_OPS_UNVERIFIED unset in the child (the GPU suite sets it): the gate applies
+    fp8_path: str | None = None  # KDTREE_OPS_FP8_PATH in the child's environment (None: unset, the widen path)
 
 
 def run_case(name: str) -> None:
@@ -128,7 +130,8 @@ def run_case(name: str) -> None:
 
 
 def job(case: Case) -> fresh_process.Job:
-    env = (("KDTREE_OPS_DEBUG", "1" if case.debug else None), ("KDTREE_OPS_UNVERIFIED", None if case.gated else "1"))
+    env = (("KDTREE_OPS_DEBUG", "1" if case.debug else None), ("KDTREE_OPS_UNVERIFIED", None if case.gated else "1"),
+           ("KDTREE_OPS_FP8_PATH", case.fp8_path))
     return fresh_process.Job(__name__, "run_case", (case.name,), env)
 
 
@@ -395,7 +398,35 @@ GATE_DDTREE_OPS = ("ddtree_build_tree", "ddtree_accept_greedy", "ddtree_commit_k
 GATE_FAMILIES = {case.name: key for case, key in zip(gate_cases(), [*GATE_ATTENTION, *(
     (op, "") for op in GATE_DDTREE_OPS)])}
 
-CASES = attention_cases() + helper_cases() + gate_cases() + [
+# --- the fp8 path switch (KDTREE_OPS_FP8_PATH, read at each call) ---------------------------------------------------
+
+
+def fp8_path_cases() -> list[Case]:
+    """The overlap path is gated apart from the families (no GPU run has passed it): without KDTREE_OPS_UNVERIFIED an
+    fp8 call on it raises naming the path and the switch back; with the gate lifted it runs and matches the reference
+    (support_call). A value that names no path raises for an fp8 call, naming the variable; a cache of q's dtype never
+    reads it."""
+    cases = []
+    for (family, cache), config in GATE_ATTENTION.items():
+        if cache != "fp8":
+            continue
+        head = family.split()[-1]
+        cases.append(Case(f"attention-fp8_overlap_gated-{head}", support_call(*config),
+                          rf"tree_verify_attention {head} over an fp8 KV cache by the fp8 overlap path "
+                          r"\(KDTREE_OPS_FP8_PATH=overlap\) for the .* class.* is not yet verified on a GPU.*"
+                          r"KDTREE_OPS_FP8_PATH=widen, the default",
+                          gated=True, fp8_path="overlap"))
+        cases.append(Case(f"attention-fp8_overlap-{head}", support_call(*config), None, fp8_path="overlap"))
+    fp8_config, same_config = GATE_ATTENTION[("tree_verify_attention hd128", "fp8")], \
+        GATE_ATTENTION[("tree_verify_attention hd128", "same")]
+    cases.append(Case("attention-fp8_path_unknown-fp8", support_call(*fp8_config),
+                      r"KDTREE_OPS_FP8_PATH=sideways names no fp8 path: use widen \(the default\) or overlap",
+                      fp8_path="sideways"))
+    cases.append(Case("attention-fp8_path_unknown-same", support_call(*same_config), None, fp8_path="sideways"))
+    return cases
+
+
+CASES = attention_cases() + helper_cases() + gate_cases() + fp8_path_cases() + [
     Case(name, support_call(*config), pattern=None) for name, config in SUPPORT_CONFIGS.items()]
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
@@ -463,3 +494,25 @@ def test_unverified_families_raise_until_verified(ops, child_results, case):
             f"{family} ({cache}) is not verified for the {launch_class} class, but the call "
             + ("raised something else: " + report["message"] if report["raised"] else "ran"))
         assert launch_class in report["message"]
+
+
+def test_has_kernel_for_follows_the_fp8_path(ops, monkeypatch):
+    """The kernel-support answer reads KDTREE_OPS_FP8_PATH at each query, as the op does at each call: the overlap path
+    is "not yet verified" until the gate is lifted; a value naming no path is a "no" that says so (a cache of q's dtype
+    never reads it)."""
+    query = ("cuda", torch.bfloat16, 128, 128, 2)
+    fp8 = dict(kv_dtype=torch.float8_e4m3fn)
+    monkeypatch.delenv("KDTREE_OPS_UNVERIFIED", raising=False)
+    monkeypatch.setenv("KDTREE_OPS_FP8_PATH", "overlap")
+    reason = ops.kernel_unsupported_reason(*query, **fp8)
+    assert "fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap)" in reason and "not yet verified on a GPU" in reason, reason
+    assert not ops.has_kernel_for(*query, **fp8)
+    same = ops.kernel_unsupported_reason(*query)
+    monkeypatch.setenv("KDTREE_OPS_FP8_PATH", "widen")
+    assert ops.kernel_unsupported_reason(*query) == same  # a cache of q's dtype: the path changes nothing
+    monkeypatch.setenv("KDTREE_OPS_UNVERIFIED", "1")
+    monkeypatch.setenv("KDTREE_OPS_FP8_PATH", "overlap")
+    assert ops.kernel_unsupported_reason(*query, **fp8) == ""
+    monkeypatch.setenv("KDTREE_OPS_FP8_PATH", "sideways")
+    assert "KDTREE_OPS_FP8_PATH=sideways names no fp8 path" in ops.kernel_unsupported_reason(*query, **fp8)
+    assert ops.kernel_unsupported_reason(*query) == ""

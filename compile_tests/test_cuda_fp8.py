@@ -1,15 +1,22 @@
 """fp8 KV caches on CUDA (GQA and MLA, e4m3 and e5m2): every kernel path against the float64 reference on the
-dequantized cache, beside SGLang's Triton fp8 path on the same inputs.
+dequantized cache, beside SGLang's Triton fp8 path on the same inputs, over both fp8 paths (KDTREE_OPS_FP8_PATH).
 
-The kernels land an fp8 cache row as bytes and widen it in place to q's dtype, times its scale, rounded once
-(csrc/cuda/fp8_cache.cuh): the tile then holds what a cache of q's dtype holding the dequantized values would, so the
-CUDA tolerances of test_cuda_numerics apply (the reference dequantizes exactly, so the widening's rounding is inside
-them: 2^-9 relative in bf16). Draft rows (k_draft/v_draft) are in q's dtype and unscaled. A forgotten scale is off by
-|1 - scale| >= 0.2, a scale on the draft rows likewise: both fail.
+The widen path (the default) lands an fp8 cache row as bytes and widens it in place to q's dtype, times its scale,
+rounded once (csrc/cuda/fp8_cache.cuh): the tile then holds what a cache of q's dtype holding the dequantized values
+would, so the CUDA tolerances of test_cuda_numerics apply (the reference dequantizes exactly, so the widening's
+rounding is inside them: 2^-9 relative in bf16). The overlap path converts the stored values exactly into q's dtype
+off the math's path and folds the scales into the softmax and O in fp32 (tree_verify_fp8_scales.cuh): no rounding of a
+dequantized value, so the same tolerances hold. Draft rows (k_draft/v_draft) are in q's dtype and unscaled. A
+forgotten scale is off by |1 - scale| >= 0.2, a scale on the draft rows likewise: both fail; so does the overlap
+path's v_scale applied twice or not at all where a segment reaches the draft rows (every case here has draft rows in
+k_draft/v_draft on one request and in the cache on another, prefixes that do and do not end on a tile boundary, and
+long prefixes split over several CTAs whose pieces end before the draft rows).
 
-Paths: on the H200 the wide and narrow wgmma GQA kernels, the paired MLA kernel (V read from the K tile) and the
-key-split one (V apart from K, or a v_scale other than k_scale), and with KDTREE_OPS_PORTABLE_MMA=1 the mma.sync
-kernels; the GPU suite runs this file again under each emulated architecture class.
+Paths: on the H200 the wide and narrow wgmma GQA kernels, the paired MLA kernel (V read from the K tile; the widen path
+on both fp8 paths) and the key-split one (V apart from K, or a v_scale other than k_scale), and with
+KDTREE_OPS_PORTABLE_MMA=1 the mma.sync kernels; the GPU suite runs this file again under each emulated architecture
+class. The overlap path is not yet verified on a GPU: its tests lift the gate (KDTREE_OPS_UNVERIFIED=1), as the suite
+does.
 """
 
 from __future__ import annotations
@@ -28,6 +35,18 @@ FP8 = [torch.float8_e4m3fn, torch.float8_e5m2]
 DTYPES = [torch.bfloat16, torch.float16]
 # (k_scale, v_scale): apart from 1 and from each other, not powers of two (so the widening's multiply rounds).
 SCALES = (0.05, 0.3)
+
+
+FP8_PATHS = ["widen", "overlap"]
+
+
+@pytest.fixture(autouse=True, params=FP8_PATHS, ids=lambda path: f"fp8_{path}")  # the GPU suite selects fp8_overlap
+def fp8_path(request, monkeypatch):
+    """Every test of this file on each fp8 path: KDTREE_OPS_FP8_PATH is read at each call."""
+    monkeypatch.setenv("KDTREE_OPS_FP8_PATH", request.param)
+    if request.param == "overlap":
+        monkeypatch.setenv("KDTREE_OPS_UNVERIFIED", "1")
+    return request.param
 
 
 def gen(seed: int) -> torch.Generator:
@@ -128,15 +147,36 @@ def test_fp8_long_prefix_split_and_logit_cap(ops, kind):
     check(ops, case)
 
 
-def test_fp8_unit_scales_equal_the_same_cache_in_bf16(ops):
-    """Scales of 1: the widened tile is exactly the bf16 cache of the same values, so the outputs are bit-equal."""
+def test_fp8_unit_scales_equal_the_same_cache_in_bf16(ops, fp8_path):
+    """Scales of 1: the converted tile is exactly the bf16 cache of the same values (on the overlap path the folded
+    scales multiply by 1), so on the widen path the outputs are bit-equal; the overlap path's configurations may
+    differ (the 99 KB class's hd128 tiles take 32 keys, and more shared memory may change the split of long prefixes),
+    so there both calls pass the float64 check."""
     case = fp8_case(torch.float8_e4m3fn, scales=(1.0, 1.0), tree_sizes=[40, 7], prefix_lens=[600, 33],
                     num_q_heads=16, num_kv_heads=4, head_dim_qk=128, head_dim_v=128, draft_mode="separate", seed=3)
     fp8_out, _ = check(ops, case)
     case.k_cache, case.v_cache = case.k_cache.to(torch.bfloat16), case.v_cache.to(torch.bfloat16)
     case.k_scale = case.v_scale = 1.0
     bf16_out = ops.tree_verify_attention(*case.scaled_args())
-    assert torch.equal(fp8_out, bf16_out)
+    if fp8_path == "widen":
+        assert torch.equal(fp8_out, bf16_out)
+    else:  # other tiles (99 KB), another shared-memory size (so maybe another split of the keys): both checked above
+        check(ops, case)
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["default", "portable"])
+def test_fp8_draft_rows_at_every_tile_offset(ops, portable, monkeypatch):
+    """The folded scales where a segment meets the draft rows: prefixes ending 0, 1, 31, 32, 63 keys past a 64-key tile
+    boundary and 0, 1, 31, 32, 63, 64 past a 128-key one (the first tile with draft rows holds no cache column, some,
+    or all but one), a
+    request whose prefix splits over pieces, and k_scale far from v_scale, so that a v_scale applied twice, missed, or
+    put on a draft column, and a k_scale left on a draft score, all fail."""
+    if portable:
+        monkeypatch.setenv("KDTREE_OPS_PORTABLE_MMA", "1")
+    case = fp8_case(torch.float8_e4m3fn, scales=(0.04, 2.5), tree_sizes=[9, 20, 33, 5, 64, 12, 3],
+                    prefix_lens=[128, 129, 159, 160, 191, 192, 9000], num_q_heads=8, num_kv_heads=2, head_dim_qk=128,
+                    head_dim_v=128, draft_mode="separate", pad_rows=2, seed=77)
+    check(ops, case)
 
 
 @pytest.mark.parametrize("kind", ["gqa", "mla"])

@@ -205,3 +205,48 @@ def test_compile_fullgraph_with_scales(ops):
         ref = tree_verify_attention_reference(*case.scaled_args())
         assert_close_to_reference(got.view(ref.shape) / 2.0, ref, TOLERANCES[("cpu", torch.bfloat16)], str(scales))
     torch._dynamo.reset()
+
+
+# --- the CUDA fp8 path switch (KDTREE_OPS_FP8_PATH), host-only: no GPU needed ------------------------------------
+
+OVERLAP_FAMILIES = [f"tree_verify_attention {h}" for h in ("hd64", "hd128", "hd256", "mla")]
+ARCH_CLASSES = ["sm_90a", "sm_100", "sm_80", "99 KB"]
+
+
+def test_fp8_overlap_path_is_gated_until_a_gpu_run_passes_it(ops, monkeypatch):
+    """The overlap path (issue 47) has rows of its own in the verified-families table ("fp8 overlap"), unverified on
+    every class: without KDTREE_OPS_UNVERIFIED the gate refuses it, naming the path, the switch and the way back to the
+    widen path; with it set the gate lets it run. The widen path's verified entries are untouched."""
+    table = {(f["family"], f["cache"]): f["verified"] for f in ops.verified_families()}
+    monkeypatch.delenv("KDTREE_OPS_UNVERIFIED", raising=False)
+    for family in OVERLAP_FAMILIES:
+        assert not any(table[(family, "fp8 overlap")].values()), family
+        assert table[(family, "fp8")]["sm_90a"], family  # the default path stays verified
+        assert ops.unverified_reason(family, "fp8", "sm_90a") == ""
+        for cls in ARCH_CLASSES:
+            reason = ops.unverified_reason(family, "fp8 overlap", cls)
+            for words in (family, "fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap)", f"for the {cls} class",
+                          "not yet verified on a GPU", "KDTREE_OPS_UNVERIFIED=1", "KDTREE_OPS_FP8_PATH=widen"):
+                assert words in reason, (words, reason)
+    monkeypatch.setenv("KDTREE_OPS_UNVERIFIED", "1")
+    for family in OVERLAP_FAMILIES:
+        for cls in ARCH_CLASSES:
+            assert ops.unverified_reason(family, "fp8 overlap", cls) == ""
+    with pytest.raises(ValueError, match="no architecture class"):
+        ops.unverified_reason(OVERLAP_FAMILIES[0], "fp8 overlap", "sm_42")
+
+
+def test_fp8_path_switch_values(ops, monkeypatch):
+    """KDTREE_OPS_FP8_PATH, read at each call: unset, empty or "widen" is the widen path, "overlap" the overlap path,
+    anything else an error naming the variable and the values it takes. The CPU kernels never read it."""
+    monkeypatch.delenv("KDTREE_OPS_FP8_PATH", raising=False)
+    assert ops.fp8_path() == "widen"
+    for value, path in (("", "widen"), ("widen", "widen"), ("overlap", "overlap")):
+        monkeypatch.setenv("KDTREE_OPS_FP8_PATH", value)
+        assert ops.fp8_path() == path, value
+    monkeypatch.setenv("KDTREE_OPS_FP8_PATH", "sideways")
+    with pytest.raises(ValueError, match=r"KDTREE_OPS_FP8_PATH=sideways names no fp8 path: use widen \(the default\) "
+                                         r"or overlap"):
+        ops.fp8_path()
+    case = fp8_case(torch.float8_e4m3fn, torch.bfloat16, SCALES[0])
+    check(ops, case)  # the CPU op over an fp8 cache runs whatever the variable says

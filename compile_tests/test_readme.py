@@ -32,7 +32,7 @@ def test_support_matrix_matches_the_verified_families_table(ops):
     header = [cell.strip() for cell in table.splitlines()[1].strip().strip("|").split("|")]
     classes = [h.split(" (")[0] for h in header[2:]]
     families = {(f["family"], f["cache"]): f["verified"] for f in ops.verified_families()}
-    cache_names = {"q's dtype": "same", "fp8": "fp8", "—": ""}
+    cache_names = {"q's dtype": "same", "fp8": "fp8", "fp8 (overlap path)": "fp8 overlap", "—": ""}
     seen = set()
     for family, cache, *cells in rows:
         key = (family.strip("`"), cache_names[cache])

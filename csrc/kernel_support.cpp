@@ -1,5 +1,6 @@
 #include "kernel_support.h"
 
+#include "cuda/fp8_path.h"
 #include "tree_verify_args.h"
 
 #include <atomic>
@@ -99,4 +100,16 @@ extern "C" const char* kdtree_cuda_launch_class(int device) {
     name = "error: the launch-class query failed";
   }
   return name.c_str();
+}
+
+// C entry point for Python (kdtree_ops.ops.fp8_path): the fp8 path KDTREE_OPS_FP8_PATH names now ("widen" or
+// "overlap"), or "error: ..." for a value that names none (what an fp8 call on CUDA raises). Host-only, plain C++.
+extern "C" const char* kdtree_fp8_path() {
+  thread_local std::string answer;
+  try {
+    answer = kdtree::cuda::fp8_path() == kdtree::cuda::Fp8Path::kOverlap ? "overlap" : "widen";
+  } catch (const c10::Error& e) {
+    answer = std::string("error: ") + e.msg();
+  }
+  return answer.c_str();
 }

@@ -23,6 +23,13 @@ constexpr VerifiedFamily kFamilies[] = {
     {"tree_verify_attention hd128", "fp8", {true, false, true, true}},
     {"tree_verify_attention hd256", "fp8", {true, false, true, true}},
     {"tree_verify_attention mla", "fp8", {true, false, true, true}},
+    // fp8 caches on the overlap path (KDTREE_OPS_FP8_PATH=overlap: the landing ring, scales folded into the softmax
+    // and O; issue 47). Built for sm_80, sm_90a and sm_120 (examples/TUNING.md, "fp8 KV caches": ptxas resources; the
+    // hd64/hd128 wgmma GQA kernels spill on sm_90a, MLA's on sm_80); never run on a GPU.
+    {"tree_verify_attention hd64", "fp8 overlap", {false, false, false, false}},
+    {"tree_verify_attention hd128", "fp8 overlap", {false, false, false, false}},
+    {"tree_verify_attention hd256", "fp8 overlap", {false, false, false, false}},
+    {"tree_verify_attention mla", "fp8 overlap", {false, false, false, false}},
     // The DDTree round, which has no per-class configuration (its shared memory is checked against the device's own
     // limit at every launch, and every tested shape fits the 99 KB class). sm_90a: test_ddtree_ops (its CUDA cases
     // and bad inputs), test_cuda_ddtree 8/8 (commit tiles and grid stride, a 52 KB build in a graph, 1024-node rounds),
@@ -57,10 +64,14 @@ std::string unverified_reason(const char* family, const char* cache, ArchClass c
     if (std::strcmp(f.family, family) == 0 && std::strcmp(f.cache, cache) == 0)
       verified = f.verified[static_cast<int>(cls)];
   if (verified || unverified_families_allowed()) return "";
-  const std::string over = std::strcmp(cache, "fp8") == 0 ? " over an fp8 KV cache" : "";
+  const bool overlap = std::strcmp(cache, "fp8 overlap") == 0;
+  const std::string over = std::strcmp(cache, "fp8") == 0 ? " over an fp8 KV cache"
+                           : overlap ? " over an fp8 KV cache by the fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap)"
+                                     : "";
   return std::string("the CUDA kernel of ") + family + over + " for the " + limits_of(cls).name + " class" +
          (emulated ? " (emulated)" : "") + " is not yet verified on a GPU: it is built, but no run of the GPU suite " +
-         "has passed this source (KDTREE_OPS_UNVERIFIED=1 runs it anyway)";
+         "has passed this source (KDTREE_OPS_UNVERIFIED=1 runs it anyway" +
+         (overlap ? "; KDTREE_OPS_FP8_PATH=widen, the default, takes the verified kernels)" : ")");
 }
 
 }  // namespace kdtree
@@ -83,4 +94,15 @@ extern "C" const char* kdtree_verified_families() {
     return s;
   }();
   return text.c_str();
+}
+
+// C entry point for Python (kdtree_ops.ops.unverified_reason): the gate's answer for `family` over `cache` as class
+// `class_name` (a kArchLimits name), "" where it may run; "error: ..." for a class that names none. Host-only: the CPU
+// tests ask it for the families no GPU here can run.
+extern "C" const char* kdtree_unverified_reason(const char* family, const char* cache, const char* class_name) {
+  thread_local std::string reason;
+  for (int c = 0; c < kdtree::kArchClasses; ++c)
+    if (std::strcmp(kdtree::kArchLimits[c].name, class_name) == 0)
+      return (reason = kdtree::unverified_reason(family, cache, static_cast<kdtree::ArchClass>(c), false)).c_str();
+  return (reason = std::string("error: no architecture class ") + class_name).c_str();
 }

@@ -18,7 +18,9 @@ namespace kdtree {
 // on the H200 under its limits, KDTREE_OPS_EMULATE_ARCH).
 struct VerifiedFamily {
   const char* family;  // "tree_verify_attention hd128", "ddtree_build_tree"
-  const char* cache;   // tree_verify_attention: "same" (q's dtype) or "fp8"; "" for the other ops
+  // tree_verify_attention: "same" (q's dtype), "fp8" (the widen path, the default) or "fp8 overlap"
+  // (KDTREE_OPS_FP8_PATH=overlap, cuda/fp8_path.h); "" for the other ops
+  const char* cache;
   bool verified[kArchClasses];  // sm_90a, sm_100, sm_80, 99 KB
 };
 

@@ -22,6 +22,8 @@ __all__ = [
     "cuda_kernels_built",
     "cuda_launch_class",
     "verified_families",
+    "unverified_reason",
+    "fp8_path",
     "has_kernel_for",
     "kernel_unsupported_reason",
     "tree_verify_attention",
@@ -78,7 +80,7 @@ def has_kernel_for(device: torch.device | str, dtype: torch.dtype, head_dim_qk: 
 
 def verified_families() -> list[dict]:
     """The library's table of CUDA families and whether the GPU suite has verified each, per architecture class
-    (csrc/verified_families.cpp): [{"family": "tree_verify_attention hd128", "cache": "same" | "fp8" | "",
+    (csrc/verified_families.cpp): [{"family": "tree_verify_attention hd128", "cache": "same" | "fp8" | "fp8 overlap" | "",
     "verified": {"sm_90a": True, "sm_100": False, "sm_80": False, "99 KB": False}}, ...]. A family not verified for
     a device's class is answered "no" by has_kernel_for and raises when called, unless KDTREE_OPS_UNVERIFIED=1."""
     fn = ctypes.CDLL(str(build.load())).kdtree_verified_families
@@ -91,6 +93,30 @@ def verified_families() -> list[dict]:
         families.append({"family": family, "cache": cache,
                          "verified": dict(zip(classes, (f == "1" for f in flags.split())))})
     return families
+
+
+def unverified_reason(family: str, cache: str, launch_class: str) -> str:
+    """The gate's answer for `family` over `cache` ("same", "fp8", "fp8 overlap" or "") as architecture class
+    `launch_class` ("sm_90a", "sm_100", "sm_80", "99 KB"): "" where it may run (verified, or KDTREE_OPS_UNVERIFIED=1),
+    else the reason a call raises. Host-only (no GPU needed). Raises ValueError for a class that names none."""
+    fn = ctypes.CDLL(str(build.load())).kdtree_unverified_reason
+    fn.restype, fn.argtypes = ctypes.c_char_p, [ctypes.c_char_p] * 3
+    answer = fn(family.encode(), cache.encode(), launch_class.encode()).decode()
+    if answer.startswith("error: "):
+        raise ValueError(answer.removeprefix("error: "))
+    return answer
+
+
+def fp8_path() -> str:
+    """The path an fp8 KV cache takes on CUDA, as KDTREE_OPS_FP8_PATH names it now: "widen" (the default, the verified
+    kernels) or "overlap" (the landing ring; gated until a GPU run passes it, table cache "fp8 overlap"). Raises
+    ValueError, naming the variable, for a value that names no path (as an fp8 call on CUDA does)."""
+    fn = ctypes.CDLL(str(build.load())).kdtree_fp8_path
+    fn.restype = ctypes.c_char_p
+    answer = fn().decode()
+    if answer.startswith("error: "):
+        raise ValueError(answer.removeprefix("error: "))
+    return answer
 
 
 def cuda_launch_class(device: torch.device | str | int = "cuda") -> str:

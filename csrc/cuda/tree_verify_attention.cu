@@ -1,13 +1,16 @@
 // CUDA implementation of kdtree::tree_verify_attention(_out): argument checks, parameter packing and the
-// choice of kernel family by head dims (caches of q's dtype or fp8, the scales applied to fp8 rows as they land). Capture-safe: no host sync (value checks only with
-// KDTREE_OPS_DEBUG=1 outside capture), launches on the current stream, grid from the device only.
+// choice of kernel family by head dims (caches of q's dtype or fp8, by the path KDTREE_OPS_FP8_PATH names:
+// fp8_path.h). Capture-safe: no host sync (value checks only with KDTREE_OPS_DEBUG=1 outside capture), launches on
+// the current stream, grid from the device only.
 #include <ATen/cuda/CUDAContext.h>
+#include <cmath>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include "tree_verify_args.h"
 #include "tree_verify_dtypes.h"
 #include "tree_verify_families.h"
+#include "fp8_path.h"
 #include "value_checks.cuh"
 
 namespace kdtree {
@@ -52,6 +55,17 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{q, "q"}, {k_cache, "k_cache"},
                                 {v_cache, "v_cache"}, {out, "out"}})
     check_16_byte_rows(t, name);
+  if (fp8 && cuda::fp8_path() == cuda::Fp8Path::kOverlap) {
+    // The overlap path's landing ring copies fp8 rows 16 bytes at a time (the widen path 8): strides of 16 bytes.
+    for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{k_cache, "k_cache"}, {v_cache, "v_cache"}})
+      TORCH_CHECK((t.size(0) <= 1 || t.stride(0) % 16 == 0) && (t.size(1) <= 1 || t.stride(1) % 16 == 0),
+                  "tree_verify_attention: on CUDA, the fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap) needs ", name,
+                  " row/head strides that are multiples of 16 bytes, got strides ", t.strides(),
+                  " (KDTREE_OPS_FP8_PATH=widen takes multiples of 8)");
+    // Its draft scores are divided by k_scale before the score scale multiplies it back (tree_verify_fp8_scales.cuh).
+    TORCH_CHECK(std::isfinite(k_scale) && k_scale != 0.0, "tree_verify_attention: on CUDA, the fp8 overlap path "
+                "(KDTREE_OPS_FP8_PATH=overlap) needs a finite, nonzero k_scale, got ", k_scale);
+  }
   if (k_draft.has_value()) {
     check_16_byte_rows(*k_draft, "k_draft");
     check_16_byte_rows(*v_draft, "v_draft");
@@ -94,7 +108,8 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   p.k_scale = static_cast<float>(k_scale);
   p.v_scale = static_cast<float>(v_scale);
   p.kv_fp8_e5m2 = k_cache.scalar_type() == at::ScalarType::Float8_e5m2;
-  // V read from the K tile is widened with k_scale: with another v_scale the kernels load V rows of their own.
+  // V read from the K tile is widened with k_scale on the widen path (the overlap path's T tiles hold the stored
+  // values, either scale folded apart): with another v_scale the kernels load V rows of their own.
   p.cache_v_aliases_k = is_prefix_view(v_cache, k_cache) && (!fp8 || k_scale == v_scale);
   p.draft_v_aliases_k = k_draft.has_value() && is_prefix_view(*v_draft, *k_draft);
 

@@ -23,7 +23,9 @@
 // waited for: the portable path, Dv 256 and MLA's key split), tree_verify_mainloop_overlapped.cuh (GQA on wgmma) and
 // tree_verify_mainloop_paired.cuh (MLA's paired tiles); the softmax in tree_verify_softmax.cuh; the GEMMs in
 // tree_verify_gemm.cuh; the loads in tree_verify_loads.cuh; the stores and the merge of split pieces in
-// tree_verify_stores.cuh. tree_verify_kernel.cuh includes them all.
+// tree_verify_stores.cuh; over an fp8 cache on the overlap path (tree_verify_config.h), the landing ring in
+// tree_verify_fp8_ring.cuh, its scales in tree_verify_fp8_scales.cuh and the tile loop of the math warps that load
+// their own tiles in tree_verify_mainloop_fp8.cuh. tree_verify_kernel.cuh includes them all.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -60,6 +62,8 @@ struct TreeVerifyCta {
   T* sQ;
   T* sK;
   T* sV;
+  uint8_t* sLandK;  // fp8 overlap: the landing ring of fp8 K tiles, then V's (tree_verify_fp8_ring.cuh)
+  uint8_t* sLandV;
   T* sZero;
   T* sP;
   float* sRed;
@@ -90,7 +94,9 @@ struct TreeVerifyCta {
     sQ = reinterpret_cast<T*>(smem);
     sK = reinterpret_cast<T*>(smem + C::kQBytes);
     sV = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * C::kKBytes);
-    sZero = reinterpret_cast<T*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
+    sLandK = reinterpret_cast<uint8_t*>(smem + C::kQBytes + C::kStages * (C::kKBytes + C::kVBytes));
+    sLandV = sLandK + C::kLandStagesK * C::kLandTileK;
+    sZero = reinterpret_cast<T*>(sLandK + C::kLandBytes);
     sP = reinterpret_cast<T*>(reinterpret_cast<char*>(sZero) + C::kZeroBytes);
     sRed = reinterpret_cast<float*>(reinterpret_cast<char*>(sP) + C::kPBytes);
     full_k = reinterpret_cast<uint64_t*>(reinterpret_cast<char*>(sRed) + C::kRedBytes);
@@ -189,6 +195,22 @@ struct TreeVerifyCta {
     copy_rows<C::kBlockN, kChunks, kCopiers, true>([&](int row) { return rows[row]; }, dst, copier);
   }
 
+  // The fp8 overlap path's landing ring (tree_verify_fp8_ring.cuh): a copier's chunks of an fp8 tile, its copies of
+  // a tile into the ring, and the exact conversion of its chunks into a T tile.
+  template <int kD, int kCopiers, int kUnroll, class F>
+  __device__ __forceinline__ void for_each_fp8_chunk(int copier, F&& f);
+  template <int kD, int kCopiers, int kLandUnroll = 2>
+  __device__ __forceinline__ void land_fp8_tile(const T* const* rows, uint8_t* land, int copier);
+  template <int kD, int kCopiers, bool kV, int kConvertUnroll = 2>
+  __device__ __forceinline__ void convert_fp8_tile(const RequestInfo& r, int h, int kt, const uint8_t* land, T* dst,
+                                                   int copier);
+  // Its scales, folded into the softmax and O (tree_verify_fp8_scales.cuh).
+  __device__ __forceinline__ int first_draft_tile(const RequestInfo& r) const;
+  __device__ __forceinline__ void unscale_draft_scores(const RequestInfo& r, int kt, float (&s)[NS][4]) const;
+  __device__ __forceinline__ bool scale_cache_columns(const RequestInfo& r, int kt, float (&s)[NS][4],
+                                                      float (&corrections)[2]) const;
+  __device__ __forceinline__ void fold_v_scale(const RequestInfo& r, int kt1, float (&o)[NO][4]) const;
+
   // Any valid global address: a zero-filling copy reads nothing from it.
   __device__ const T* dst_fallback() const { return static_cast<const T*>(p.q); }
 
@@ -226,7 +248,9 @@ struct TreeVerifyCta {
 
     if constexpr (C::kOverlapPv) run_tiles_overlapped(r, h, m0, kt0, kt1, sg.tiles_before, o, m_run, l_run, mask_row);
     else if constexpr (C::kPairedTiles) run_tiles_paired(r, h, m0, kt0, kt1, sg.tiles_before, o, m_run, l_run, mask_row);
+    else if constexpr (C::kFp8Overlap) run_tiles_fp8(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
     else run_tiles(r, h, m0, kt0, kt1, o, m_run, l_run, mask_row);
+    if constexpr (C::kFp8Overlap) fold_v_scale(r, kt1, o);
 
     // Row sums: each thread summed its own columns; add the quad's, then the other WARPS_N warps'.
 #pragma unroll
@@ -258,9 +282,19 @@ struct TreeVerifyCta {
   // Each GEMM waited for where it is issued (tree_verify_mainloop.cuh).
   __device__ void run_tiles(const RequestInfo& r, int h, int m0, int kt0, int kt1, float (&o)[NO][4],
                             float (&m_run)[2], float (&l_run)[2], const uint32_t* const (&mask_row)[2]);
+  // `during(0)` runs while the tile's S GEMM does (between its issue and its wait on wgmma, after the mma.sync loop),
+  // `during(1)` likewise with the PV GEMM: the fp8 overlap path converts the next tile there (run_tiles_fp8).
+  struct NoWork {
+    __device__ void operator()(int) const {}
+  };
+  template <class During = NoWork>
   __device__ void compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[NO][4],
                                float (&m_run)[2], float (&l_run)[2],
-                               const uint32_t* const (&mask_row)[2]);
+                               const uint32_t* const (&mask_row)[2], During&& during = During{});
+  // The same loop over the fp8 overlap path: tiles land in the fp8 ring two ahead, and the math warps convert tile
+  // kt + 1 into the other T stage during tile kt's GEMMs (tree_verify_mainloop_fp8.cuh).
+  __device__ void run_tiles_fp8(const RequestInfo& r, int h, int m0, int kt0, int kt1, float (&o)[NO][4],
+                                float (&m_run)[2], float (&l_run)[2], const uint32_t* const (&mask_row)[2]);
   // wgmma with P in registers, the PV GEMM overlapping the next softmax (tree_verify_mainloop_overlapped.cuh).
   __device__ void run_tiles_overlapped(const RequestInfo& r, int h, int m0, int kt0, int kt1, int tiles_before,
                                        float (&o)[NO][4], float (&m_run)[2], float (&l_run)[2],
@@ -276,6 +310,8 @@ struct TreeVerifyCta {
   __device__ void produce_tiles(const Segment& sg);
   template <bool kV>
   __device__ __forceinline__ void produce(const Segment& sg, int copier);
+  template <bool kV>
+  __device__ __forceinline__ void produce_fp8(const Segment& sg, int copier);  // through the landing ring
 
   // Tile t of the CTA uses buffer t % STAGES; a buffer's barriers complete one phase per use.
   static __device__ __forceinline__ uint32_t phase_parity(int t) { return (t / C::kStages) & 1; }

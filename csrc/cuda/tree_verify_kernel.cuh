@@ -4,9 +4,12 @@
 
 #include <type_traits>
 
+#include "tree_verify_fp8_ring.cuh"
+#include "tree_verify_fp8_scales.cuh"
 #include "tree_verify_gemm.cuh"
 #include "tree_verify_loads.cuh"
 #include "tree_verify_mainloop.cuh"
+#include "tree_verify_mainloop_fp8.cuh"
 #include "tree_verify_mainloop_overlapped.cuh"
 #include "tree_verify_mainloop_paired.cuh"
 #include "tree_verify_softmax.cuh"

@@ -13,6 +13,7 @@
 #include <string>
 #include <type_traits>
 
+#include "fp8_path.h"
 #include "heuristics.h"
 #include "split_counters.h"
 #include "tile_configs.h"
@@ -76,7 +77,8 @@ std::string launch_blocker(int device, ArchClass cls) {
   const std::string gpu = launch_gpu_name(device, cls);
   const std::string config = std::string(C::kWgmma ? "wgmma" : "mma.sync") + " configuration for head dims " +
                              std::to_string(C::kDqk) + "/" + std::to_string(C::kDv) +
-                             (C::kFp8Cache ? " over an fp8 KV cache" : "");
+                             (C::kFp8Overlap ? " over an fp8 KV cache (overlap path)"
+                              : C::kFp8Cache ? " over an fp8 KV cache" : "");
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
   cudaFuncAttributes attributes;
   const cudaError_t status = cudaFuncGetAttributes(&attributes, tree_verify_attention_kernel<C>);
@@ -135,6 +137,10 @@ PersistentGrids persistent_grids(int device, const cudaDeviceProp& prop, ArchCla
 
 template <class C>
 void launch_tree_verify(TreeVerifyParams p, const at::Tensor& q, ArchClass cls) {
+  if constexpr (C::kFp8Overlap) {  // its tiles hold the stored keys: k_scale goes into the score scale
+    p.sm_scale *= p.k_scale;       // (tree_verify_fp8_scales.cuh; v_scale goes into O in the kernel)
+    p.scale_log2 *= p.k_scale;
+  }
   const cudaDeviceProp* prop = at::cuda::getDeviceProperties(q.get_device());
   // A persistent grid: its size depends on the device and the shapes only, never on the lengths of a batch.
   const PersistentGrids grids = persistent_grids<C>(q.get_device(), *prop, cls);
@@ -191,22 +197,24 @@ inline bool use_wgmma(ArchClass cls) {
 
 // Calls visit(std::type_identity<Config>{}) with the configuration family F takes for a call: the class's portable
 // one, or on the wgmma path the wide or narrow one (use_narrow_wgmma, heuristics.h: short trees, a function of the
-// shapes, so one captured graph always takes the same kernel); bf16 or fp16; over a cache of q's dtype or fp8.
+// shapes, so one captured graph always takes the same kernel); bf16 or fp16; over a cache of q's dtype, or fp8 by
+// the widen path (the configuration's WithFp8Cache) or the overlap path (the family's Fp8 twin, tile_configs.h).
 template <class F, class Visit>
-auto visit_family_config(ArchClass cls, bool wgmma, bool narrow, bool bf16, bool fp8, Visit&& visit) {
-  auto cache = [&](auto config) {
-    using C = typename decltype(config)::type;
-    return fp8 ? visit(std::type_identity<typename C::WithFp8Cache>{}) : visit(config);
+auto visit_family_config(ArchClass cls, bool wgmma, bool narrow, bool bf16, bool fp8, Fp8Path path, Visit&& visit) {
+  auto pick = [&]<template <typename> class Config, template <typename> class Overlap>() {
+    auto with = [&]<typename T>() {
+      if (!fp8) return visit(std::type_identity<Config<T>>{});
+      if (path == Fp8Path::kOverlap) return visit(std::type_identity<Overlap<T>>{});
+      return visit(std::type_identity<typename Config<T>::WithFp8Cache>{});
+    };
+    return bf16 ? with.template operator()<__nv_bfloat16>() : with.template operator()<__half>();
   };
-  auto dtype = [&]<template <typename> class Config>() {
-    return bf16 ? cache(std::type_identity<Config<__nv_bfloat16>>{}) : cache(std::type_identity<Config<__half>>{});
-  };
-  if (wgmma) return narrow ? dtype.template operator()<F::template SmWgmmaNarrow>()
-                           : dtype.template operator()<F::template SmWgmma>();
+  if (wgmma) return narrow ? pick.template operator()<F::template SmWgmmaNarrow, F::template SmWgmmaNarrowFp8>()
+                           : pick.template operator()<F::template SmWgmma, F::template SmWgmmaFp8>();
   switch (cls) {
-    case ArchClass::kSm80: return dtype.template operator()<F::template Sm80Portable>();
-    case ArchClass::k99KB: return dtype.template operator()<F::template Kb99Portable>();
-    default: return dtype.template operator()<F::template Sm90aPortable>();
+    case ArchClass::kSm80: return pick.template operator()<F::template Sm80Portable, F::template Sm80PortableFp8>();
+    case ArchClass::k99KB: return pick.template operator()<F::template Kb99Portable, F::template Kb99PortableFp8>();
+    default: return pick.template operator()<F::template Sm90aPortable, F::template Sm90aPortableFp8>();
   }
 }
 
@@ -215,7 +223,7 @@ template <class F>
 void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q, bool fp8) {
   const ArchClass cls = launch_class(q.get_device());
   visit_family_config<F>(cls, use_wgmma(cls), use_narrow_wgmma(p.num_tokens, p.group, p.batch),
-                         q.scalar_type() == at::kBFloat16, fp8,
+                         q.scalar_type() == at::kBFloat16, fp8, fp8 ? fp8_path() : Fp8Path::kWiden,
                          [&](auto config) { launch_tree_verify<typename decltype(config)::type>(p, q, cls); });
 }
 
@@ -225,7 +233,8 @@ template <class F>
 std::string family_blocker(int device, bool bf16, bool fp8) {
   const ArchClass cls = launch_class(device);
   auto blocker = [&](bool narrow) {
-    return visit_family_config<F>(cls, use_wgmma(cls), narrow, bf16, fp8, [&](auto config) {
+    const Fp8Path path = fp8 ? fp8_path() : Fp8Path::kWiden;
+    return visit_family_config<F>(cls, use_wgmma(cls), narrow, bf16, fp8, path, [&](auto config) {
       return launch_blocker<typename decltype(config)::type>(device, cls);
     });
   };

@@ -129,11 +129,13 @@ __device__ void TreeVerifyCta<C>::load_v_over_k(const RequestInfo& r, int h, int
   cp_async_commit();
   cp_async_wait<0>();
   if constexpr (C::kFp8Cache) {  // this thread's own chunks, widened once they landed (fp8_cache.cuh)
+    // The overlap path folds v_scale into P and O (tree_verify_fp8_scales.cuh): its V rows are the stored values.
+    const float scale = C::kFp8Overlap ? 1.f : p.v_scale;
     for (int i = tid; i < C::kBlockN * C::kChunksV; i += C::kMathThreads) {
       const int row = i / C::kChunksV, chunk = i % C::kChunksV;
       const T* src = key_rows(r, h, kt * C::kBlockN + row).v;
       if (src != nullptr && is_fp8_row(src))
-        widen_fp8_chunk(k_tile + swizzle(row, chunk, C::kBlockN) * 8, p.kv_fp8_e5m2, p.v_scale);
+        widen_fp8_chunk(k_tile + swizzle(row, chunk, C::kBlockN) * 8, p.kv_fp8_e5m2, scale);
     }
   }
   if constexpr (C::kWgmma) fence_proxy_async();
@@ -150,6 +152,9 @@ __device__ inline void TreeVerifyCta<C>::produce_tiles(const Segment& sg) {
   const int g = tid - C::kMathThreads;  // 0 .. kLoadThreads - 1
   if constexpr (C::kPairedTiles) {
     produce<false>(sg, g);
+  } else if constexpr (C::kFp8Overlap) {
+    if (g < kCopiersPerSide) produce_fp8<false>(sg, g);
+    else produce_fp8<true>(sg, g - kCopiersPerSide);
   } else {
     if (g < kCopiersPerSide) produce<false>(sg, g);
     else produce<true>(sg, g - kCopiersPerSide);

@@ -27,7 +27,7 @@ __device__ inline void TreeVerifyCta<C>::run_tiles(const RequestInfo& r, int h, 
   for (int kt = kt0; kt < kt1; ++kt) {
     const int stage = (kt - kt0) % C::kStages;
     cp_async_wait<C::kStages - 2>();
-    if constexpr (C::kFp8Cache) {  // each thread widens the fp8 rows it copied (fp8_cache.cuh)
+    if constexpr (C::kFp8Widen) {  // each thread widens the fp8 rows it copied (fp8_cache.cuh)
       const T* const* k_rows = sKRow + stage * C::kBlockN;
       widen_rows<C::kBlockN, C::kChunksQK, C::kMathThreads>([&](int row) { return k_rows[row]; },
                                                             sK + stage * (C::kBlockN * C::kDqk), tid, p.k_scale);
@@ -58,9 +58,10 @@ __device__ inline void TreeVerifyCta<C>::run_tiles(const RequestInfo& r, int h, 
 
 // One KV tile with each GEMM waited for where it is issued (run_tiles).
 template <class C>
+template <class During>
 __device__ inline void TreeVerifyCta<C>::compute_tile(const RequestInfo& r, int h, int kt, int stage, float (&o)[NO][4],
                                                       float (&m_run)[2], float (&l_run)[2],
-                                                      const uint32_t* const (&mask_row)[2]) {
+                                                      const uint32_t* const (&mask_row)[2], During&& during) {
   stage = __shfl_sync(0xffffffffu, stage, 0);  // warp-uniform for the compiler (see wg)
   const bool masked = tile_masked(r, kt);
   const T* k_tile = sK + stage * (C::kBlockN * C::kDqk);
@@ -79,6 +80,7 @@ __device__ inline void TreeVerifyCta<C>::compute_tile(const RequestInfo& r, int 
   for (int n = 0; n < NS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
   if constexpr (C::kWgmma) {
     issue_qk(k_tile, s);
+    during(0);
     wgmma_wait<0>();
   } else if (!skip_tile) {
 #pragma unroll
@@ -101,6 +103,7 @@ __device__ inline void TreeVerifyCta<C>::compute_tile(const RequestInfo& r, int 
       }
     }
   }
+  if constexpr (!C::kWgmma) during(0);
 
   float corrections[2];
   const bool rescale = softmax_tile(r, kt, masked, warp_sees, vis, s, m_run, l_run, corrections);
@@ -109,15 +112,20 @@ __device__ inline void TreeVerifyCta<C>::compute_tile(const RequestInfo& r, int 
   if constexpr (C::kWarpsN == 1) {
     if constexpr (!C::kVTile)
       if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
-    if (skip_tile) return;  // P is all zeros
+    if (skip_tile) {  // P is all zeros
+      during(1);
+      return;
+    }
     uint32_t a[C::kBlockN / 16][4];
     p_fragments(s, a);
     if constexpr (C::kWgmma) {
       issue_pv_regs(a, v_tile, o);
+      during(1);
       wgmma_wait<0>();
     } else {
 #pragma unroll
       for (int kk = 0; kk < C::kBlockN / 16; ++kk) pv_step(a[kk], v_tile, kk, o);
+      during(1);
     }
   } else {
     // Share P: the PV phase needs every key of the row group, the S phase split them across warps.
@@ -128,6 +136,7 @@ __device__ inline void TreeVerifyCta<C>::compute_tile(const RequestInfo& r, int 
       if (!v_k) load_v_over_k(r, h, kt, sK + stage * (C::kBlockN * C::kDqk));
     if constexpr (C::kWgmma) {
       issue_pv_smem(sP, v_tile, o);
+      during(1);
       wgmma_wait<0>();
     } else {
 #pragma unroll
@@ -136,6 +145,7 @@ __device__ inline void TreeVerifyCta<C>::compute_tile(const RequestInfo& r, int 
         ldmatrix_x4(a, sP + swizzle(wm * 16 + (lane & 15), kk * 2 + (lane >> 4), C::kBlockM) * 8);
         pv_step(a, v_tile, kk, o);
       }
+      during(1);
     }
   }
 }

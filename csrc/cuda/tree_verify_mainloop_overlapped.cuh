@@ -26,7 +26,11 @@ __device__ inline void TreeVerifyCta<C>::run_tiles_overlapped(const RequestInfo&
   for (int kk = 0; kk < C::kBlockN / 16; ++kk) p_prev[kk][0] = p_prev[kk][1] = p_prev[kk][2] = p_prev[kk][3] = 0;
   load_q_landed(r, h, m0);
 
-  const T* v_prev = sZero;
+  // Without a zero tile (the fp8 overlap path, whose landing ring takes its room) that GEMM multiplies the zero P by
+  // the Q tile, which has V's shape here (BLOCK_M = BLOCK_N, Dqk = Dv) and finite values (padding rows are zeros): the
+  // same +0 accumulators, and the K and V buffers go back to the gatherers as before.
+  static_assert(C::kZeroBytes > 0 || (C::kBlockM == C::kBlockN && C::kDqk == C::kDv), "Q as the zero-multiplied V");
+  const T* v_prev = C::kZeroBytes > 0 ? sZero : sQ;
   for (int kt = kt0; kt < kt1; ++kt) {
     // Warp-uniform for the compiler (see wg): the GEMMs' descriptors then step in uniform registers.
     const int t = __shfl_sync(0xffffffffu, tiles_before + kt - kt0, 0), buf = t % C::kStages;

@@ -39,6 +39,7 @@ struct TreeVerifyParams {
   float k_scale, v_scale;
   bool kv_fp8_e5m2;
 
+  // Configurations of the fp8 overlap path take both times k_scale (launch_tree_verify, tree_verify_fp8_scales.cuh).
   float scale_log2;  // sm_scale * log2(e): scores go straight into exp2
   float sm_scale;
   float logit_cap;   // > 0: score = cap * tanh(score * sm_scale / cap)

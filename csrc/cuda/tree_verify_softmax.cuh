@@ -30,11 +30,14 @@ __device__ inline bool TreeVerifyCta<C>::tile_visibility(const RequestInfo& r, i
 
 // Scores of tile kt (s) into unnormalized probabilities: into the log2 domain, the tree mask (on masked
 // tiles: `vis`, nothing where the warp sees nothing), and the online-softmax update of the rows' reference
-// maxima and sums. `corrections` rescale what O accumulated; returns whether any reference of the warp moved.
+// maxima and sums. `corrections` rescale what O accumulated; returns whether any reference of the warp moved (or, over
+// an fp8 cache on the overlap path, O takes v_scale here).
 template <class C>
 __device__ inline bool TreeVerifyCta<C>::softmax_tile(const RequestInfo& r, int kt, bool masked, bool warp_sees,
                                                       const uint64_t (&vis)[2][kVisWords], float (&s)[NS][4],
                                                       float (&m_run)[2], float (&l_run)[2], float (&corrections)[2]) {
+  if constexpr (C::kFp8Overlap)  // draft columns over an fp8 cache whose k_scale is in the score scale
+    if (masked) unscale_draft_scores(r, kt, s);
   const float score_scale = scale_and_mask(masked, warp_sees, vis, s);
   float tile_max[2];
   row_max(s, tile_max);
@@ -44,7 +47,10 @@ __device__ inline bool TreeVerifyCta<C>::softmax_tile(const RequestInfo& r, int 
   for (int half = 0; half < 2; ++half) m_new[half] = raised_reference(m_run[half], tile_max[half] * score_scale);
   float sums[2];
   probabilities(score_scale, m_new, s, sums);
-  return move_reference(m_new, sums, m_run, l_run, corrections);
+  bool rescale = move_reference(m_new, sums, m_run, l_run, corrections);
+  if constexpr (C::kFp8Overlap)  // v_scale on the first tile with draft rows (tree_verify_fp8_scales.cuh)
+    if (masked) rescale |= scale_cache_columns(r, kt, s, corrections);
+  return rescale;
 }
 
 // Scores into the log2 domain and the tree mask. Returns the scale still to apply: a positive scale is

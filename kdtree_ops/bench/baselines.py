@@ -1,7 +1,12 @@
 """The implementations the benchmark times, each as `prepare(case) -> call`, where `call()` computes the
 attention of the case into a buffer allocated by prepare and returns it (so it can be graph-captured):
 
-- kdtree:        this package's op (`tree_verify_attention_out`);
+- kdtree:        this package's op (`tree_verify_attention_out`), as the environment configures it (over an fp8
+                 cache: the path KDTREE_OPS_FP8_PATH names, the widen path by default);
+- kdtree_fp8_overlap: the same op over an fp8 cache by the overlap path (KDTREE_OPS_FP8_PATH=overlap around each
+                 call: the path is read at each call, so the captured graph holds that kernel), for the A/B of the two
+                 paths in one run; not yet verified on a GPU, so KDTREE_OPS_UNVERIFIED=1 around it too (the bench
+                 checks it against the float64 reference like every implementation); fp8 caches only;
 - sglang_triton: SGLang 0.5.23's Triton extend kernel with the tree custom mask, called as its Triton
                  backend calls it in TARGET_VERIFY:
                  `sglang.kernels.ops.attention.extend_attention.extend_attention_fwd(q_extend, k_extend,
@@ -20,11 +25,13 @@ All take cases with separate draft K/V (workloads.py).
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable
 
 import torch
 
-__all__ = ["IMPLEMENTATIONS", "unavailable_reason", "dense_full_mask"]
+__all__ = ["IMPLEMENTATIONS", "FP8_ONLY", "unavailable_reason", "dense_full_mask"]
 
 SGLANG_EXTEND_MODULE = "sglang.kernels.ops.attention.extend_attention"
 
@@ -59,6 +66,33 @@ def _prepare_kdtree(case) -> Callable[[], torch.Tensor]:
         return out
 
     return call
+
+
+@contextlib.contextmanager
+def _environment(**values: str):
+    """The variables set to `values` inside the block, restored after it."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _prepare_kdtree_fp8_overlap(case) -> Callable[[], torch.Tensor]:
+    if case.k_cache.dtype == case.q.dtype:
+        raise ValueError("kdtree_fp8_overlap takes fp8 caches only (the path of an fp8 cache)")
+    call = _prepare_kdtree(case)
+
+    def overlap():
+        with _environment(KDTREE_OPS_FP8_PATH="overlap", KDTREE_OPS_UNVERIFIED="1"):
+            return call()
+
+    return overlap
 
 
 def _prepare_sglang_triton(case) -> Callable[[], torch.Tensor]:
@@ -129,9 +163,14 @@ def _prepare_torch_sdpa(case) -> Callable[[], torch.Tensor]:
 
 IMPLEMENTATIONS: dict[str, Callable] = {
     "kdtree": _prepare_kdtree,
+    "kdtree_fp8_overlap": _prepare_kdtree_fp8_overlap,
     "sglang_triton": _prepare_sglang_triton,
     "torch_sdpa": _prepare_torch_sdpa,
 }
+
+
+# Implementations of an fp8 cache alone: the bench times them in its fp8 column only.
+FP8_ONLY = ("kdtree_fp8_overlap",)
 
 
 def unavailable_reason(name: str) -> str | None:

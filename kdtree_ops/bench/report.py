@@ -1,7 +1,9 @@
 """The benchmark's outputs: a Markdown table, a JSON record and a bar plot.
 
 Table columns per workload: floor (µs, and which ceiling binds), each implementation's median µs, kdtree's
-speedup over each baseline, and kdtree's % of floor (= floor / time · 100: 100 % would be the roofline).
+speedup over each baseline, and kdtree's % of floor (= floor / time · 100: 100 % would be the roofline). The fp8
+table beside it: the same workloads over an e4m3 cache, kdtree by its default path and, where the run timed it, by the
+fp8 overlap path (kdtree_fp8_overlap), each against the fp8 floor and against kdtree's bf16 time.
 """
 
 from __future__ import annotations
@@ -62,8 +64,15 @@ def _fmt_us(x) -> str:
     return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
 
 
+def _bf16_impls(results: dict) -> list[str]:
+    """The implementations of the main (bf16) table: all but those of an fp8 cache alone."""
+    from .baselines import FP8_ONLY
+
+    return [i for i in results["implementations"] if i not in FP8_ONLY]
+
+
 def markdown_table(results: dict) -> str:
-    impls = results["implementations"]
+    impls = _bf16_impls(results)
     baselines = [i for i in impls if i != "kdtree"]
     head = ["workload", "shape", "floor µs", *[f"{i} µs" for i in impls],
             *[f"× vs {b}" for b in baselines], "% of floor"]
@@ -79,20 +88,32 @@ def markdown_table(results: dict) -> str:
         lines.append("| " + " | ".join(row) + " |")
     fp8_rows = [w for w in results["workloads"] if "fp8" in w]
     if fp8_rows:
+        # The fp8 overlap path's columns where the run timed it (kdtree_fp8_overlap: the A/B against kdtree's default).
+        overlap = "kdtree_fp8_overlap" in results["implementations"]
+        head = ["workload", "fp8 floor µs", "kdtree fp8 µs", "sglang_triton fp8 µs", "× vs sglang_triton fp8",
+                "kdtree bf16 / fp8", "% of fp8 floor"]
+        if overlap:
+            head += ["kdtree fp8 overlap µs", "kdtree bf16 / overlap", "% of fp8 floor (overlap)"]
         lines += ["", "fp8 KV cache (e4m3, one scale for K and V; the floor counts a byte per cached element):", "",
-                  "| workload | fp8 floor µs | kdtree fp8 µs | sglang_triton fp8 µs | × vs sglang_triton fp8 | "
-                  "kdtree bf16 / fp8 | % of fp8 floor |", "|---|---|---|---|---|---|---|"]
+                  "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for w in fp8_rows:
             f8 = w["fp8"]
-            t8 = {i: (f8["impls"].get(i) or {}).get("median_us") for i in ("kdtree", "sglang_triton")}
+            t8 = {i: (f8["impls"].get(i) or {}).get("median_us") for i in ("kdtree", "sglang_triton",
+                                                                             "kdtree_fp8_overlap")}
             ok = {i: "" if (f8["impls"].get(i) or {}).get("correct", True) else " ✗" for i in t8}
             k8, k16 = t8["kdtree"], (w["impls"].get("kdtree") or {}).get("median_us")
-            lines.append("| " + " | ".join([
-                w["name"], f"{_fmt_us(f8['floor']['floor_us'])} ({f8['floor']['bound'][:3]})",
-                _fmt_us(k8) + ok["kdtree"], _fmt_us(t8["sglang_triton"]) + ok["sglang_triton"],
-                f"{t8['sglang_triton'] / k8:.1f}" if k8 and t8["sglang_triton"] else "—",
-                f"{k16 / k8:.2f}" if k8 and k16 else "—",
-                f"{100 * f8['floor']['floor_us'] / k8:.0f} %" if k8 else "—"]) + " |")
+            floor8 = f8["floor"]["floor_us"]
+            row = [w["name"], f"{_fmt_us(floor8)} ({f8['floor']['bound'][:3]})",
+                   _fmt_us(k8) + ok["kdtree"], _fmt_us(t8["sglang_triton"]) + ok["sglang_triton"],
+                   f"{t8['sglang_triton'] / k8:.1f}" if k8 and t8["sglang_triton"] else "—",
+                   f"{k16 / k8:.2f}" if k8 and k16 else "—",
+                   f"{100 * floor8 / k8:.0f} %" if k8 else "—"]
+            if overlap:
+                ko = t8["kdtree_fp8_overlap"]
+                error = "error" in (f8["impls"].get("kdtree_fp8_overlap") or {})
+                row += ["error" if error else _fmt_us(ko) + ok["kdtree_fp8_overlap"],
+                        f"{k16 / ko:.2f}" if ko and k16 else "—", f"{100 * floor8 / ko:.0f} %" if ko else "—"]
+            lines.append("| " + " | ".join(row) + " |")
     env, ceil = results["environment"], results["ceilings"]
     lines += [
         "",
@@ -109,7 +130,7 @@ def _plot(results: dict, path: Path) -> str:
     """Bar plot, log-scale µs per workload per implementation (+ floor); returns what drew it."""
     names = [w["name"] for w in results["workloads"]]
     series = {"floor": [w["floor"]["floor_us"] for w in results["workloads"]]}
-    for impl in results["implementations"]:
+    for impl in _bf16_impls(results):
         series[impl] = [(w["impls"].get(impl) or {}).get("median_us") for w in results["workloads"]]
     env = results["environment"]
     title = f"tree verify attention, bf16: {env.get('device', '?')}, commit {env['commit'][:10]}"
