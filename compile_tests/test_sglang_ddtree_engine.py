@@ -47,7 +47,8 @@ require("sglang", "pip install -e '.[test,sglang]'")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sglang_cpu import ddtree_models, tiny_models  # noqa: E402
-from sglang_cpu.engine_host import EngineError, EngineHost  # noqa: E402
+from sglang_cpu.engine_fixtures import ddtree_checkpoints, host  # noqa: E402,F401 (host: a fixture)
+from sglang_cpu.engine_host import EngineError  # noqa: E402
 
 NEW_TOKENS = 32
 MIN_MARGIN = 1e-4
@@ -65,16 +66,7 @@ PROMPTS = _prompts()
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ddtree_models")
-    return {"target": str(ddtree_models.markov_llama(root / "target")),
-            "draft": str(ddtree_models.dflash_draft(root / "draft"))}
-
-
-@pytest.fixture(scope="module")
-def host(ops):
-    engine_host = EngineHost()
-    yield engine_host
-    engine_host.close()
+    return ddtree_checkpoints(tmp_path_factory.mktemp("ddtree_models"))
 
 
 def ddtree(models, tokens: int = 16) -> dict:

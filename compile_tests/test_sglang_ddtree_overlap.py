@@ -28,7 +28,8 @@ require("sglang", "pip install -e '.[test,sglang]'")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sglang_cpu import ddtree_models  # noqa: E402
-from sglang_cpu.engine_host import EngineError, EngineHost  # noqa: E402
+from sglang_cpu.engine_fixtures import ddtree_checkpoints, host  # noqa: E402,F401 (host: a fixture)
+from sglang_cpu.engine_host import EngineError  # noqa: E402
 from test_sglang_ddtree_engine import NEW_TOKENS, PROMPTS, ddtree, drafts_per_verify  # noqa: E402
 
 DRAFTED = ddtree_models.BLOCK_SIZE - 1
@@ -37,16 +38,7 @@ OVERLAP = {"KDTREE_DDTREE_OVERLAP": "1"}
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("ddtree_overlap_models")
-    return {"target": str(ddtree_models.markov_llama(root / "target")),
-            "draft": str(ddtree_models.dflash_draft(root / "draft"))}
-
-
-@pytest.fixture(scope="module")
-def host(ops):
-    engine_host = EngineHost()
-    yield engine_host
-    engine_host.close()
+    return ddtree_checkpoints(tmp_path_factory.mktemp("ddtree_overlap_models"))
 
 
 def _run(host, model: str, rounds: int = 1, env=None, **engine) -> dict:

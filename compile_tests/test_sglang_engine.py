@@ -39,6 +39,7 @@ require("sglang", "pip install -e '.[test,sglang]'")
 
 sys.path.insert(0, str(Path(__file__).parent))
 from sglang_cpu import tiny_models  # noqa: E402
+from sglang_cpu.engine_fixtures import host  # noqa: E402,F401 (a fixture)
 from sglang_cpu.engine_host import EngineHost  # noqa: E402
 
 NEW_TOKENS = 32
@@ -66,13 +67,6 @@ def models(tmp_path_factory):
     llama = tiny_models.llama(root / "llama")
     return {"llama": str(llama), "eagle": str(tiny_models.eagle_draft(root / "eagle", llama)),
             "mla": str(tiny_models.deepseek_mla(root / "mla"))}
-
-
-@pytest.fixture(scope="module")
-def host(ops):  # the library built first (the engines' scheduler processes load it from the cache)
-    engine_host = EngineHost()
-    yield engine_host
-    engine_host.close()
 
 
 def _run(host: EngineHost, model: str, rounds: int = 1, margins: bool = False, env=None, **engine) -> dict:

@@ -25,7 +25,6 @@ TP 1 suites.
 
 from __future__ import annotations
 
-import random
 import sys
 from pathlib import Path
 
@@ -35,8 +34,8 @@ from requires import require
 require("sglang", "pip install -e '.[test,sglang]'")
 
 sys.path.insert(0, str(Path(__file__).parent))
-from sglang_cpu import ddtree_models, tiny_models  # noqa: E402
-from sglang_cpu.engine_host import EngineHost  # noqa: E402
+from sglang_cpu.engine_fixtures import ddtree_checkpoints, host  # noqa: E402,F401 (host: a fixture)
+from test_sglang_ddtree_engine import PROMPTS  # noqa: E402
 
 NEW_TOKENS = 16
 MIN_MARGIN = 1e-4
@@ -46,26 +45,9 @@ MIN_MARGIN = 1e-4
 TP_ENV = {"TORCH_COMPILE_DISABLE": "1"}
 
 
-def _prompts() -> list:
-    rng = random.Random(0)
-    return [[rng.randrange(3, tiny_models.VOCAB) for _ in range(n)] for n in (5, 17, 40, 23)]
-
-
-PROMPTS = _prompts()
-
-
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tp_models")
-    return {"target": str(ddtree_models.markov_llama(root / "target")),
-            "draft": str(ddtree_models.dflash_draft(root / "draft"))}
-
-
-@pytest.fixture(scope="module")
-def host(ops):
-    engine_host = EngineHost()
-    yield engine_host
-    engine_host.close()
+    return ddtree_checkpoints(tmp_path_factory.mktemp("tp_models"))
 
 
 def _run(host, model: str, margins: bool = False, **engine) -> dict:
