@@ -25,11 +25,11 @@ All take cases with separate draft K/V (workloads.py).
 
 from __future__ import annotations
 
-import contextlib
-import os
 from collections.abc import Callable
 
 import torch
+
+from .timing import environment
 
 __all__ = ["IMPLEMENTATIONS", "FP8_ONLY", "unavailable_reason", "dense_full_mask"]
 
@@ -68,28 +68,13 @@ def _prepare_kdtree(case) -> Callable[[], torch.Tensor]:
     return call
 
 
-@contextlib.contextmanager
-def _environment(**values: str):
-    """The variables set to `values` inside the block, restored after it."""
-    saved = {name: os.environ.get(name) for name in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for name, value in saved.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
 def _prepare_kdtree_fp8_overlap(case) -> Callable[[], torch.Tensor]:
     if case.k_cache.dtype == case.q.dtype:
         raise ValueError("kdtree_fp8_overlap takes fp8 caches only (the path of an fp8 cache)")
     call = _prepare_kdtree(case)
 
     def overlap():
-        with _environment(KDTREE_OPS_FP8_PATH="overlap", KDTREE_OPS_UNVERIFIED="1"):
+        with environment(KDTREE_OPS_FP8_PATH="overlap", KDTREE_OPS_UNVERIFIED="1"):
             return call()
 
     return overlap

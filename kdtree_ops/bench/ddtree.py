@@ -18,16 +18,16 @@ the level-synchronous build <= 20 µs at budget 256 and <= 60 µs at 1024.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from .timing import environment
 
 __all__ = ["ddtree_inputs", "ddtree_rows", "ddtree_markdown", "main"]
 
@@ -71,23 +71,11 @@ def _host_heap_us(logprobs: torch.Tensor, tokens: torch.Tensor, roots: torch.Ten
     return statistics.median(times)
 
 
-@contextlib.contextmanager
 def _tree_build(kernel: str):
     """The op's CUDA tree build set to one kernel while inside: "levels" (KDTREE_OPS_UNVERIFIED=1 lifts its gate,
-    KDTREE_OPS_SERIAL_TREE_BUILD=0) or "serial" (KDTREE_OPS_SERIAL_TREE_BUILD=1). The op reads both at each call,
-    so at a graph's capture; the environment is restored on the way out."""
-    settings = {"levels": {"KDTREE_OPS_UNVERIFIED": "1", "KDTREE_OPS_SERIAL_TREE_BUILD": "0"},
-                "serial": {"KDTREE_OPS_SERIAL_TREE_BUILD": "1"}}[kernel]
-    before = {name: os.environ.get(name) for name in settings}
-    os.environ.update(settings)
-    try:
-        yield
-    finally:
-        for name, value in before.items():
-            if value is None:
-                del os.environ[name]
-            else:
-                os.environ[name] = value
+    KDTREE_OPS_SERIAL_TREE_BUILD=0) or "serial" (KDTREE_OPS_SERIAL_TREE_BUILD=1)."""
+    return environment(**{"levels": {"KDTREE_OPS_UNVERIFIED": "1", "KDTREE_OPS_SERIAL_TREE_BUILD": "0"},
+                          "serial": {"KDTREE_OPS_SERIAL_TREE_BUILD": "1"}}[kernel])
 
 
 def _build_kernel(call) -> str:

@@ -10,12 +10,14 @@ time per call = elapsed / (reps · K). The result is the median (and p10/p90) ov
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["rotation_sets", "time_calls"]
+__all__ = ["environment", "rotation_sets", "time_calls"]
 
 
 def rotation_sets(bytes_per_set: int, max_sets: int = 16) -> int:
@@ -73,3 +75,19 @@ def time_calls(calls: Sequence[Callable[[], object]], *, samples: int = 30, targ
     pick = lambda f: per_call_us[min(len(per_call_us) - 1, int(f * len(per_call_us)))]  # noqa: E731
     return {"median_us": pick(0.5), "p10_us": pick(0.1), "p90_us": pick(0.9), "reps": reps, "sets": len(calls),
             "samples": samples}
+
+
+@contextlib.contextmanager
+def environment(**values: str):
+    """The variables set to `values` inside the block, restored after it (the op reads its switches at each call, so
+    at a graph's capture: a timed path is chosen by the environment it was captured under)."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
