@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from sglang_gpu.engine_report import failures, merged, rank_mismatch, replay_proof, verdict, write_summary
-from sglang_gpu.engine_suite import NEAR_TIE, configurations, first_differences, greedy_check, visible_gpus
+from sglang_gpu.engine_suite import NEAR_TIE, configurations, first_differences, greedy_check, unscored, visible_gpus
 
 
 def _scored(tops: list) -> dict:
@@ -75,6 +75,23 @@ def test_a_greedy_check_belongs_to_its_own_run(tmp_path):
         (tmp_path / name / "m" / "results.jsonl").write_text("\n".join(json.dumps(x) for x in lines))
     verdicts = [verdict(r) for r in merged(tmp_path) if r["config"] == "ddtree16"]
     assert verdicts == ["ran", "ok"]
+
+
+def test_score_only_takes_the_greedy_runs_no_check_scores_yet(tmp_path):
+    # a call stopped before scoring: ddtree64 scored, eagle scored but run again after, ddtree16 never scored,
+    # a sampled run (no compare) and a failed run are not greedy records
+    check = {"checked": 3, "near_ties_taken": 0, "num_violations": 0, "violations": []}
+    run = {"ok": True, "ids": [[1, 2]], "compare": {"equal": True, "differences": []}}
+    lines = [{"config": "none", "ok": True, "ids": [[1, 2]], "engine": {"attention_backend": "triton"}},
+             dict(run, config="ddtree64"), {"config": "ddtree64", "greedy_check": check},
+             dict(run, config="eagle"), {"config": "eagle", "greedy_check": check}, dict(run, config="eagle", n=2),
+             dict(run, config="ddtree16"), {"config": "ddtree64-sampled", "ok": True, "ids": [[3]]},
+             {"config": "dflash", "ok": False, "error": "x"}]
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in lines))
+    reference, greedy = unscored(path)
+    assert reference["engine"] == {"attention_backend": "triton"}
+    assert sorted((r["config"], r.get("n")) for r in greedy) == [("ddtree16", None), ("eagle", 2)]
 
 
 def _rank(r: int, steps: int, ops: int, device: int | None = None) -> dict:

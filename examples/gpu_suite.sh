@@ -284,12 +284,16 @@ for part in "${parts[@]}"; do
     # Every stage in a folder of its own: the JIT cache starts empty, so the first call times the compile.
     wdir=$(mktemp -d /tmp/kdtree_wheel.XXXXXX)
     mkdir -p "$out/wheel/dist" && rm -f "$out"/wheel/dist/*.whl
-    stage wheel jit_first_call 300 200 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py examples/first_call.py \
+    # On a fresh machine the suite's own cache is empty: the cold JIT build goes there (its first call still times
+    # the compile), so the parts after this one load that build instead of compiling again.
+    jit_cache="$wdir/jit_cache"
+    [ -z "$(ls -A "$KDTREE_OPS_CACHE_DIR" 2>/dev/null)" ] && jit_cache=$KDTREE_OPS_CACHE_DIR
+    stage wheel jit_first_call 300 200 env KDTREE_OPS_CACHE_DIR="$jit_cache" $py examples/first_call.py \
       --expect cache
-    stage wheel jit_cached_first_call 60 180 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py examples/first_call.py \
+    stage wheel jit_cached_first_call 60 180 env KDTREE_OPS_CACHE_DIR="$jit_cache" $py examples/first_call.py \
       --expect cache
     # The same targets as the JIT build (this GPU's), so the wheel packs that build without compiling again.
-    stage wheel build_wheel 300 150 env KDTREE_OPS_CACHE_DIR="$wdir/jit_cache" $py -m kdtree_ops build --wheel \
+    stage wheel build_wheel 300 150 env KDTREE_OPS_CACHE_DIR="$jit_cache" $py -m kdtree_ops build --wheel \
       --out "$out/wheel/dist"
     # --no-deps: this machine's torch may lack a dependency's wheel offline (CI installs with the pinned requirements).
     stage wheel install 120 120 bash -c "$py -m venv --without-pip --system-site-packages '$wdir/venv' && $py -m pip \
@@ -302,10 +306,11 @@ for part in "${parts[@]}"; do
                PYTHONPATH="$(printf '%s' "${PYTHONPATH:-}" | tr ':' '\n' | grep -vxF "$repo" | paste -sd:)")
     stage wheel wheel_first_call 120 100 "${wheel_env[@]}" PATH="$wdir/venv/bin" /bin/bash -c "cd '$wdir' && \
       '$wdir/venv/bin/python' '$repo/examples/first_call.py' --expect prebuilt"
-    stage wheel numerics 240 0 "${wheel_env[@]}" PATH="$wdir/venv/bin:/usr/bin:/bin" /bin/bash -c "cd '$wdir' && \
+    stage wheel numerics 240 150 "${wheel_env[@]}" PATH="$wdir/venv/bin:/usr/bin:/bin" /bin/bash -c "cd '$wdir' && \
       '$wdir/venv/bin/python' -m pytest \
       '$repo/compile_tests/test_cuda_numerics.py' '$repo/compile_tests/test_cuda_fp8.py' \
-      '$repo/compile_tests/test_cuda_graphs.py' '$repo/compile_tests/test_cuda_ddtree.py' -m cuda -q \
+      '$repo/compile_tests/test_cuda_graphs.py' '$repo/compile_tests/test_cuda_ddtree.py' \
+      '$repo/compile_tests/test_cuda_ddtree_levels.py' -m cuda -k 'not fp8_overlap' -q \
       -p no:cacheprovider --durations=5 --junitxml='$out/wheel/pytest_cuda.xml'; rc=\$?; \
       '$wdir/venv/bin/python' '$repo/examples/first_call.py' --expect prebuilt || rc=1; exit \$rc"
     rm -rf "$wdir"

@@ -225,6 +225,40 @@ def _write(path: Path, line: dict) -> None:
         f.write(json.dumps(line) + "\n")
 
 
+def unscored(results: Path) -> tuple[dict | None, list]:
+    """The reference record and the greedy records of a results.jsonl that no greedy check line scores yet."""
+    reference, last = None, {}  # a check line scores the last run of its configuration before it (engine_report)
+    for line in (json.loads(x) for x in results.read_text().splitlines() if x.strip()):
+        if "greedy_check" in line:
+            last.pop(line["config"], None)
+        elif line.get("config") == "none" and line.get("ok"):
+            reference = line
+        elif line.get("ok") and line.get("ids") and line.get("compare") is not None:
+            last[line["config"]] = line
+        else:
+            last.pop(line.get("config"), None)
+    return reference, list(last.values())
+
+
+def score_earlier(model: str, paths: dict, args, out: Path, batch: list, new_host) -> None:
+    """--score-only: the reference engine scores the greedy records an earlier run left unscored in this folder."""
+    results = out / "results.jsonl"
+    reference, greedy = unscored(results)
+    if reference is None or not greedy:
+        print(f"--- {model}: nothing to score in {results}", flush=True)
+        return
+    engine = dict(reference["engine"])
+    host = new_host()
+    try:
+        for line in score(host, paths["target"], engine, batch, greedy):
+            _write(results, line)
+            g = line["greedy_check"]
+            print(f"--- {model}/{line['config']}: greedy check {g['checked']} tokens, {g['near_ties_taken']} "
+                  f"near-ties taken, {g['num_violations']} violations", flush=True)
+    finally:
+        host.close()
+
+
 def run_model(model: str, args, out: Path, start: float) -> None:
     """Every configuration of one model, then the scoring of their greedy outputs by the reference engine."""
     t0 = time.monotonic()
@@ -238,6 +272,9 @@ def run_model(model: str, args, out: Path, start: float) -> None:
         return EngineHost(platform=args.platform, log_path=out / f"{model}-{time.monotonic():.0f}.log",
                           reply_timeout_s=480)
 
+    if args.score_only:
+        score_earlier(model, paths, args, out, batch, new_host)
+        return
     host = new_host()
     reference, greedy_records, ref_engine = None, [], None
     try:
@@ -285,6 +322,9 @@ def main() -> int:
     ap.add_argument("--models", default="tiny,mla,llama8b")
     ap.add_argument("--only", default="", help="regex over 'model/config' names to run (the reference always runs)")
     ap.add_argument("--budget-s", type=float, default=1e9, help="start no configuration after this many seconds")
+    ap.add_argument("--score-only", action="store_true",
+                    help="run no configuration: score the greedy records an earlier run (stopped before its scoring) "
+                         "left in --out")
     ap.add_argument("--platform", choices=sorted(PLATFORMS), default="gpu")
     ap.add_argument("--tp2", choices=("auto", "on", "off"), default="auto",
                     help="the tp_size=2 configurations; auto: on the GPU where two GPUs are visible")
