@@ -5,9 +5,11 @@ the tp_size=2 configurations and their environment."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from sglang_gpu.engine_report import failures, merged, rank_mismatch, replay_proof, verdict, write_summary
-from sglang_gpu.engine_suite import NEAR_TIE, configurations, first_differences, greedy_check, unscored, visible_gpus
+from sglang_gpu.engine_suite import (NEAR_TIE, configurations, cpu_loadable, first_differences, greedy_check, unscored,
+                                    visible_gpus)
 
 
 def _scored(tops: list) -> dict:
@@ -92,6 +94,22 @@ def test_score_only_takes_the_greedy_runs_no_check_scores_yet(tmp_path):
     reference, greedy = unscored(path)
     assert reference["engine"] == {"attention_backend": "triton"}
     assert sorted((r["config"], r.get("n")) for r in greedy) == [("ddtree16", None), ("eagle", 2)]
+
+
+def test_cpu_scoring_loads_an_mla_target_with_identity_yarn(tmp_path):
+    mla, llama = tmp_path / "mla", tmp_path / "llama"
+    for folder, config in ((mla, {"kv_lora_rank": 512, "max_position_embeddings": 4096, "rope_scaling": None}),
+                           (llama, {"num_key_value_heads": 2})):
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(config))
+        (folder / "model.safetensors").write_bytes(b"weights")
+    assert cpu_loadable(llama) == str(llama)
+    copy = Path(cpu_loadable(mla))
+    assert copy != mla and json.loads((mla / "config.json").read_text())["rope_scaling"] is None  # source untouched
+    scaling = json.loads((copy / "config.json").read_text())["rope_scaling"]
+    assert scaling["factor"] == 1.0 and scaling["mscale"] == 1.0 and scaling["original_max_position_embeddings"] == 4096
+    assert (copy / "model.safetensors").is_symlink() and (copy / "model.safetensors").read_bytes() == b"weights"
+    assert cpu_loadable(mla) == str(copy)  # a second call reuses the copy
 
 
 def _rank(r: int, steps: int, ops: int, device: int | None = None) -> dict:

@@ -103,6 +103,13 @@ def eagle_draft(folder: Path, target: Path) -> Path:
     return folder
 
 
+def plain_rope_as_yarn(max_positions: int) -> dict:
+    """SGLang's CPU rope for MLA is DeepSeek's YaRN only (layers/rotary_embedding/factory.py: get_rope_cpu asserts
+    rope_scaling); factor 1 with mscale 1 is plain RoPE."""
+    return {"rope_type": "yarn", "type": "yarn", "factor": 1.0, "original_max_position_embeddings": max_positions,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}
+
+
 def deepseek_mla(folder: Path, seed: int = 0, init_std: float = 0.25) -> Path:
     """A tiny float32 DeepSeek-V3-style model: MLA attention (absorbed on the decode/verify path), dense MLPs."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
@@ -118,11 +125,7 @@ def deepseek_mla(folder: Path, seed: int = 0, init_std: float = 0.25) -> Path:
     _randomize(model, seed, init_std)
     folder = _save(model, folder)
     meta = json.loads((folder / "config.json").read_text())
-    # SGLang's CPU rope for MLA is DeepSeek's YaRN only (layers/rotary_embedding/factory.py: get_rope_cpu asserts
-    # rope_scaling); factor 1 with mscale 1 is plain RoPE.
-    meta["rope_scaling"] = {"rope_type": "yarn", "type": "yarn", "factor": 1.0,
-                            "original_max_position_embeddings": 1024, "beta_fast": 32, "beta_slow": 1,
-                            "mscale": 1.0, "mscale_all_dim": 1.0}
+    meta["rope_scaling"] = plain_rope_as_yarn(1024)
     # Fields of DeepSeek-V3's published config that SGLang's DeepseekV2 model reads and transformers' class omits.
     meta.update(moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", routed_scaling_factor=1.0,
                 norm_topk_prob=True, ep_size=1, num_nextn_predict_layers=0)

@@ -124,6 +124,8 @@ def write_summary(out: Path) -> str:
     for r in merged(out):
         g = r.get("greedy_check")
         check = f"{g['checked']} tokens, {g['near_ties_taken']} near-ties, {g['num_violations']} wrong" if g else ""
+        if g and g.get("scored_on") == "cpu":  # --score-only on the CPU: the float32 target judged the tokens
+            check += " (scored on the CPU, float32)"
         error = (r.get("error") or "").strip().splitlines()[-1][:160] if r.get("error") else rank_mismatch(r)
         lines.append(f"| {r.get('model')} | {r['config']} | {verdict(r)} | {check} | {_equal(r)} | "
                      f"{r.get('tokens_per_verify') or ''} | {r.get('tokens_per_s') or ''} | {r.get('startup_s') or ''} | "

@@ -47,6 +47,7 @@ if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
 from sglang_cpu.engine_host import EngineHost  # noqa: E402
+from sglang_cpu.tiny_models import plain_rope_as_yarn  # noqa: E402
 from sglang_gpu import engine_models  # noqa: E402
 
 NEAR_TIE = 0.1  # nats: a bf16 greedy choice this close to the runner-up may go either way (module docstring)
@@ -155,10 +156,10 @@ def greedy_check(batch: list, ids: list, scored: list) -> dict:
             "num_violations": len(violations)}
 
 
-def score(host: EngineHost, model_path: str, engine: dict, batch: list, records: list) -> list:
+def score(host: EngineHost, model_path: str, engine: dict, batch: list, records: list, env: dict | None = None) -> list:
     """The reference engine scores every greedy speculative output (greedy_check); one result line per record."""
     lines = []
-    host.start(model_path, **engine)
+    host.start(model_path, env=env, **engine)
     try:
         for record in records:
             ids = record["ids"]
@@ -240,17 +241,42 @@ def unscored(results: Path) -> tuple[dict | None, list]:
     return reference, list(last.values())
 
 
+def cpu_loadable(target: Path) -> str:
+    """The target as the CPU engine can load it: an MLA model without rope scaling gets a copy whose config names
+    the identity YaRN (tiny_models.plain_rope_as_yarn; the same function), its weights linked, not copied."""
+    config = json.loads((target / "config.json").read_text())
+    if "kv_lora_rank" not in config or config.get("rope_scaling"):
+        return str(target)
+    copy = target.with_name(target.name + "-cpu")
+    copy.mkdir(exist_ok=True)
+    for item in target.iterdir():
+        if item.name != "config.json" and not (copy / item.name).exists():
+            (copy / item.name).symlink_to(item.resolve())
+    config["rope_scaling"] = plain_rope_as_yarn(int(config["max_position_embeddings"]))
+    (copy / "config.json").write_text(json.dumps(config, indent=1))
+    return str(copy)
+
+
 def score_earlier(model: str, paths: dict, args, out: Path, batch: list, new_host) -> None:
-    """--score-only: the reference engine scores the greedy records an earlier run left unscored in this folder."""
+    """--score-only: this platform's reference engine scores the greedy records an earlier run left unscored in this
+    folder (on the CPU: the float32 target judges a GPU run's bf16 tokens; each check line names its platform)."""
     results = out / "results.jsonl"
     reference, greedy = unscored(results)
     if reference is None or not greedy:
         print(f"--- {model}: nothing to score in {results}", flush=True)
         return
-    engine = dict(reference["engine"])
+    engine, env = configurations(paths, args.platform)[0][1], {}
+    target = paths["target"]
+    if args.platform == "gpu":
+        engine = dict(engine, **paths.get("engine", {}))
+    else:
+        target = cpu_loadable(Path(target))
+        if target != paths["target"]:  # MLA: torch_native cannot prefill it on the CPU (test_sglang_engine.py, e.);
+            engine, env = dict(KDTREE), {"KDTREE_BASE_BACKEND": "intel_amx"}  # kdtree without speculation can
     host = new_host()
     try:
-        for line in score(host, paths["target"], engine, batch, greedy):
+        for line in score(host, target, engine, batch, greedy, env):
+            line["greedy_check"]["scored_on"] = args.platform
             _write(results, line)
             g = line["greedy_check"]
             print(f"--- {model}/{line['config']}: greedy check {g['checked']} tokens, {g['near_ties_taken']} "
