@@ -73,6 +73,30 @@ def test_time_split_shares_and_the_rest():
     assert engine_bench.host_us_per_round({"profiled": False}) is None
 
 
+def _record(config: str, tokens_per_s: dict, ok: bool = True, profiled: bool = False) -> dict:
+    return {"config": config, "ok": ok, "profiled": profiled, "error": "" if ok else "exit 1",
+            "rows": [{"batch": b, "tokens_per_s": t, "tokens_per_verify": None, "ddtree": None, "seconds": 1.0}
+                     for b, t in tokens_per_s.items()]}
+
+
+def test_the_suggested_budgets_take_the_fastest_row_per_batch_size():
+    # the enginebench table of 2026-12-05 (H100): ddtree64 wins at 1 and 4, ddtree16 nowhere, none at 16 and 32
+    records = [_record("none", {1: 105.4, 4: 425.2, 16: 1515.1, 32: 2936.0}),
+               _record("dflash", {1: 158.9, 4: 435.4, 16: 1562.9, 32: 2609.7}),
+               _record("ddtree16", {1: 170.3, 4: 458.8, 16: 1334.8, 32: 1944.3}),
+               _record("ddtree64", {1: 200.4, 4: 486.6, 16: 786.3, 32: 1113.9}),
+               _record("ddtree64-overlap", {1: 999.0}), _record("ddtree256", {1: 9999.0}, ok=False),
+               _record("ddtree16", {1: 9999.0}, profiled=True)]
+    assert engine_bench.suggested_budgets(records) == (
+        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,16:1")
+    records[2]["rows"][2]["tokens_per_s"] = 1600.0  # ddtree16 now wins at 16
+    assert engine_bench.suggested_budgets(records).endswith("=1:64,16:16,32:1")
+    assert engine_bench.suggested_budgets(records[:2]) is None  # no DDTREE row
+    slow = [_record("none", {1: 100.0}), _record("ddtree16", {1: 50.0})]
+    assert engine_bench.suggested_budgets(slow).startswith("no speculation")
+    assert "KDTREE_DDTREE_BUDGETS=1:64,16:16,32:1" in engine_bench.markdown(records)
+
+
 def test_engine_bench_runs_on_the_cpu_engine(tmp_path):
     target = ddtree_models.markov_llama(tmp_path / "target")
     draft = ddtree_models.dflash_draft(tmp_path / "draft")

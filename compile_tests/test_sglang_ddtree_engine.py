@@ -14,6 +14,8 @@ a. DDTREE's output equals the engine's without speculation, token for token, rad
    SGLang's KV budget (and the drafter's weights load before SGLang measures the memory left);
 b. the tree beats the chain: the same drafter as a chain of top-1 picks (KDTREE_DDTREE_TOPK=1, DFLASH's block)
    accepts fewer drafts per verify;
+b'. KDTREE_DDTREE_BUDGETS: as requests finish and the batch shrinks, rounds change width (plain decode, 4, 16
+   tokens) and stay lossless; the server log says each width;
 c. log-probs come back for the accepted tokens, equal to the non-speculative run's;
 d. sampling: temperature 0.7 with a seed, a greedy request in the same batch: the greedy one stays lossless, and
    every token the sampled ones drew is the token SGLang's seeded torch sampler (`sampling_from_probs_torch` with
@@ -199,6 +201,33 @@ def test_the_tree_accepts_more_than_the_chain(reference, radix, chain):
     assert chain["ids"] == reference["ids"]
     assert drafts_per_verify(radix) > drafts_per_verify(chain) > 0, (drafts_per_verify(radix),
                                                                       drafts_per_verify(chain))
+
+
+# ---- b'. the tree size per batch size ----------------------------------------------------------------------------
+
+BUDGET_LENGTHS = (8, 16, 24, 32)  # the batch shrinks from 4 requests to 1 as they finish
+BUDGETS = "1:16,2:4,3:1"  # one request: the launch width; two: 4 tokens; three or more: plain decode
+
+
+@pytest.fixture(scope="module")
+def budgets(host, models):
+    params = [{"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in BUDGET_LENGTHS]
+    return _run(host, models["target"], params=params, env={"KDTREE_DDTREE_BUDGETS": BUDGETS}, **ddtree(models))
+
+
+def test_widths_per_batch_size_down_to_plain_decode_equal_non_speculative(reference, budgets):
+    assert budgets["ids"] == [ids[:n] for ids, n in zip(reference["ids"], BUDGET_LENGTHS)]
+    log = budgets["log"]
+    assert ("DDTREE: tree tokens per batch size (KDTREE_DDTREE_BUDGETS): 1: 16 (CUDA graph); 2: 4 (eager: one verify "
+            "width is captured); 3+: 1 (plain decode, no draft)") in log
+    changes = re.findall(r"DDTREE: batch of (\d+) requests: trees of (\d+) tokens", log)
+    assert changes == [("4", "1"), ("2", "4"), ("1", "16")], changes
+    # the request that finishes first saw plain rounds only (one token a verify); the last one, after the plain
+    # rounds, accepts drafts from a drafter whose context the plain rounds kept whole
+    first, *_, last = (o["meta_info"] for o in budgets["rounds"][0])
+    # (the prefill emits each request's first token; every verify after it at least one)
+    assert first["spec_verify_ct"] == first["completion_tokens"] - 1 == BUDGET_LENGTHS[0] - 1, first
+    assert last["spec_verify_ct"] < last["completion_tokens"] - 1, last
 
 
 # ---- c. log-probs -----------------------------------------------------------------------------------------------

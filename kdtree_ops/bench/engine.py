@@ -13,6 +13,7 @@ time, and tokens per verify step from SGLang's `spec_verify_ct`. Configurations:
 - `ngram-kdtree`, `eagle-kdtree`, `dflash-kdtree`: the same with `--attention-backend kdtree` (verify by the op);
 - `ddtreeN`: DDTREE through kdtree with N tree tokens (the root and N - 1 drafts); `ddtreeN-overlap`: the same on
   SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1).
+The table ends with DDTREE's tree size per batch size that it suggests (KDTREE_DDTREE_BUDGETS, ddtree_budgets.py).
 With --profile, each DDTREE configuration runs again with KDTREE_DDTREE_PROFILE=1 (it synchronizes at each phase
 boundary, so its tokens/s are not reported) for the round's time split: draft, tree build, verify, accept, commit,
 host (the scheduler's work between two decode rounds, also given in us a round) and other (the batch's prefill and
@@ -203,6 +204,30 @@ def host_us_per_round(ddtree: dict | None) -> float | None:
     return 1e6 * ddtree["seconds"].get("host", 0.0) / ddtree["host_gaps"]
 
 
+def suggested_budgets(records: list) -> str | None:
+    """DDTREE's launch from the table (ddtree_budgets.py): per batch size the fastest of no speculation (1 token,
+    plain decode) and the ddtreeN rows, as `--speculative-num-draft-tokens N` and a KDTREE_DDTREE_BUDGETS value;
+    None without a DDTREE row. Each row ran with its own width's graphs: in the suggested launch only the widest
+    width replays a graph (SGLang captures one), so the table bounds what a narrower step gains."""
+    widths = {"none": 1}
+    widths.update({r["config"]: int(r["config"][6:]) for r in records
+                   if r["config"].startswith("ddtree") and r["config"][6:].isdigit()})
+    rows = {}  # batch size -> [(tokens/s, width)]
+    for rec in records:
+        if rec.get("ok") and not rec["profiled"] and rec["config"] in widths:
+            for row in rec["rows"]:
+                rows.setdefault(row["batch"], []).append((row["tokens_per_s"], widths[rec["config"]]))
+    if len(widths) == 1 or not rows:
+        return None
+    best = [(b, max(rows[b])[1]) for b in sorted(rows)]
+    launch = max(width for _, width in best)
+    if launch == 1:
+        return "no speculation: every DDTREE row is slower than plain decode at every batch size measured"
+    steps = [(b, w) for i, (b, w) in enumerate(best) if i == 0 or w != best[i - 1][1]]
+    return (f"--speculative-num-draft-tokens {launch} with KDTREE_DDTREE_BUDGETS="
+            + ",".join(f"{b}:{w}" for b, w in steps))
+
+
 def markdown(records: list) -> str:
     sizes = sorted({r["batch"] for rec in records if rec.get("ok") for r in rec["rows"]})
     lines = ["| configuration | " + " | ".join(f"B={b} tok/s (tokens/verify)" for b in sizes) + " |",
@@ -218,6 +243,10 @@ def markdown(records: list) -> str:
                                                     if by[b]["tokens_per_verify"] else "") if b in by else ""
                  for b in sizes]
         lines.append(f"| {rec['config']} | " + " | ".join(cells) + " |")
+    suggestion = suggested_budgets(records)
+    if suggestion:
+        lines += ["", f"DDTREE by batch size from this table (the fastest row per size; widths below the launch "
+                      f"width run without CUDA graphs): {suggestion}"]
     profiled = [r for r in records if r["profiled"] and r.get("ok")]
     if profiled:
         columns = (*PHASES, "host", "other")

@@ -10,6 +10,7 @@ returning the worker class (imported only when a scheduler builds the worker) an
 - the top-k per drafted position: `KDTREE_DDTREE_TOPK` (default 8), read by the worker; a budget the drafter cannot
   fill (`check_node_budget`: N - 1 > sum_{d=1..K} k^d, K = the draft config's block_size - 1) is refused here, in
   the launching process before any model loads (a scheduler's failure would take the launcher down with SIGQUIT);
+- the tree size per batch size, down to plain decode: `KDTREE_DDTREE_BUDGETS` (ddtree_budgets.py), checked here;
 - grammar-constrained requests are refused: `--grammar-backend none` (SGLang aborts each such request with
   its own message; the server goes on);
 - overlap scheduling (SGLang's spec v2 loop: the host schedules round n+1 while the device runs round n) only with
@@ -96,10 +97,16 @@ def resolve_ddtree_server_args(server_args) -> None:
     if not 2 <= int(tokens) <= MAX_VERIFY_TOKENS:
         raise ValueError(f"--speculative-num-draft-tokens for DDTREE is the verify width (the root plus the node "
                          f"budget) and must be in [2, {MAX_VERIFY_TOKENS}], got {tokens}")
+    from .ddtree_budgets import BUDGETS_ENV, budget_policy
     from .dflash_drafter import draft_block_size
 
-    # a bad KDTREE_DDTREE_TOPK, or a budget the drafter cannot fill, fails here, not in the first round
-    check_node_budget(int(tokens), ddtree_topk(), draft_block_size(server_args.speculative_draft_model_path))
+    # a bad KDTREE_DDTREE_TOPK or KDTREE_DDTREE_BUDGETS, or a budget the drafter cannot fill, fails here, not in the
+    # first round
+    block_size = draft_block_size(server_args.speculative_draft_model_path)
+    check_node_budget(int(tokens), ddtree_topk(), block_size)
+    policy = budget_policy(int(tokens), ddtree_topk(), block_size)
+    if policy is not None:
+        logger.info("DDTREE: tree tokens per batch size (%s): %s", BUDGETS_ENV, policy.describe())
     server_args.speculative_num_draft_tokens = int(tokens)
     server_args.speculative_num_steps = 1
     server_args.speculative_eagle_topk = 1

@@ -52,6 +52,7 @@ from .. import ddtree
 from ..ddtree.sampling import SamplingParams
 from . import ddtree_memory
 from .ddtree_algorithm import ddtree_topk
+from .ddtree_budgets import budget_policy
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
 from .verify_metadata import prefix_kv
@@ -164,12 +165,26 @@ class DDTreeWorker(BaseSpecWorker):
                              f"must be below the target's last layer ({num_layers - 1}): SGLang captures layer i's "
                              f"output at layer i + 1's input")
         target.set_dflash_layers_to_capture(self.drafter.target_layer_ids)
-        self.max_depth = min(self.drafter.block_size - 1, self.budget)
+        self.policy = budget_policy(self.num_tree_tokens, self.topk, self.drafter.block_size)
+        self._last_width = self.num_tree_tokens
         self.clock = PhaseClock(self.device)
         _LIVE.append(weakref.ref(self))
         logger.info("DDTREE worker: trees of %d tokens (budget %d), top-%d of %d drafted positions, paths up to %d "
                     "drafts", self.num_tree_tokens, self.budget, self.topk, self.drafter.block_size - 1,
-                    self.max_depth)
+                    self.max_depth(self.num_tree_tokens))
+
+    def max_depth(self, width: int) -> int:
+        """The deepest path a tree of `width` tokens holds: its budget, or the drafter's drafted positions."""
+        return min(self.drafter.block_size - 1, width - 1)
+
+    def round_width(self, batch_size: int) -> int:
+        """Tree tokens of this round (KDTREE_DDTREE_BUDGETS, else the launch width); a change is logged."""
+        width = self.policy.width(batch_size) if self.policy is not None else self.num_tree_tokens
+        if width != self._last_width:
+            logger.info("DDTREE: batch of %d requests: trees of %d tokens%s", batch_size, width,
+                        " (plain decode)" if width == 1 else "")
+            self._last_width = width
+        return width
 
     def stats(self) -> dict:
         """Rounds run, and with KDTREE_DDTREE_PROFILE=1 accepted drafts and seconds per phase (get_server_info)."""
@@ -222,7 +237,9 @@ class DDTreeWorker(BaseSpecWorker):
     def _round(self, batch, on_publish):
         from sglang.kernels.ops.speculative.cache_locs import assign_extend_cache_locs_func
 
-        bs, n = len(batch.reqs), self.num_tree_tokens
+        bs = len(batch.reqs)
+        n = self.round_width(bs)
+        max_depth = self.max_depth(n)
         bonus = batch.spec_info.bonus_tokens
         prefix = batch.seq_lens
         if prefix.device.type == "cuda":  # overlap: gathered from the FutureMap on the schedule stream
@@ -230,11 +247,15 @@ class DDTreeWorker(BaseSpecWorker):
         req_to_token = self.req_to_token_pool.req_to_token
         self.clock.start()
         # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
-        kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
-        logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
+        if n > 1:
+            kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
+            logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
+        else:  # plain decode: the root alone, nothing drafted
+            logprobs = torch.zeros((bs, 1, 1), dtype=torch.float32, device=self.device)
+            candidates = torch.zeros((bs, 1, 1), dtype=torch.int64, device=self.device)
         self.clock.lap("draft")
         # 2. the tree
-        tree_tokens, parents, depths, tree_mask = ddtree.build_tree(logprobs, candidates, bonus, self.budget)
+        tree_tokens, parents, depths, tree_mask = ddtree.build_tree(logprobs, candidates, bonus, n - 1)
         self.clock.lap("build")
         # 3. verify
         positions = (prefix[:, None].to(torch.int64) + depths).reshape(-1)
@@ -251,7 +272,7 @@ class DDTreeWorker(BaseSpecWorker):
         self.clock.lap("verify")
         # 4. the target's token after every node, and the accepted path
         targets = self._target_tokens(batch, logits_output.next_token_logits, positions.view(bs, n))
-        accepted, accept_len, next_tokens = ddtree.accept_greedy(tree_tokens, parents, targets, self.max_depth)
+        accepted, accept_len, next_tokens = ddtree.accept_greedy(tree_tokens, parents, targets, max_depth)
         if batch.return_logprob:  # the accepted nodes' rows, as NGRAM hands them (flat row index, -1 padded)
             from sglang.srt.layers.logprob_processor import compute_spec_logprobs
 
@@ -265,13 +286,13 @@ class DDTreeWorker(BaseSpecWorker):
         self.clock.lap("accept")
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
-        dest = node_slots[:, : self.max_depth + 1]
+        dest = node_slots[:, : max_depth + 1]
         pool = self.model_runner.token_to_kv_pool
         ddtree.commit_kv_layers(((pool.get_key_buffer(i), pool.get_value_buffer(i))
                                  for i in range(pool.start_layer, pool.start_layer + pool.layer_num)),
                                 accepted, node_slots, dest)
         rows = (torch.arange(bs, device=self.device)[:, None] * n + accepted.clamp_min(0)).reshape(-1)
-        depth = torch.arange(self.max_depth + 1, device=self.device)
+        depth = torch.arange(max_depth + 1, device=self.device)
         self.drafter.materialize(logits_output.hidden_states[rows],
                                  (prefix[:, None].to(torch.int64) + depth).reshape(-1),
                                  torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1))
@@ -285,7 +306,7 @@ class DDTreeWorker(BaseSpecWorker):
             logits_output=logits_output, next_token_ids=emitted.reshape(-1), accept_lens=accept_lens,
             can_run_cuda_graph=out.can_run_cuda_graph, new_seq_lens=new_seq_lens,
             next_draft_input=DDTreeCarry(next_tokens, new_seq_lens, n), speculative_num_draft_tokens=n,
-            speculative_output_stride=self.max_depth + 1)
+            speculative_output_stride=max_depth + 1)
 
     def _target_tokens(self, batch, logits: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """[B, N] the target's token after every node: greedy, or the requests' seeded sampling."""
