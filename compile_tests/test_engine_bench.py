@@ -46,6 +46,14 @@ def test_configuration_names_are_the_launches_they_say():
     assert "KDTREE_DDTREE_OVERLAP" not in engine_bench.engine_config("ddtree64", args)[1]
     with pytest.raises(ValueError, match="unknown configuration 'ddtreeX'"):
         engine_bench.engine_config("ddtreeX", args)
+    engine, env = engine_bench.engine_config("ddtree64-overlap-budgets", _args(ddtree_budgets="1:64,16:1"))
+    assert engine["speculative_num_draft_tokens"] == 64
+    assert env == {"KDTREE_DDTREE_OVERLAP": "1", "KDTREE_DDTREE_BUDGETS": "1:64,16:1"}
+    with pytest.raises(ValueError, match="--ddtree-budgets is needed"):
+        engine_bench.engine_config("ddtree64-budgets", args)
+    for bad in ("ddtree64-budgets-overlap", "dflash-budgets"):
+        with pytest.raises(ValueError, match=f"unknown configuration '{bad}'"):
+            engine_bench.engine_config(bad, _args(ddtree_budgets="1:1"))
     with pytest.raises(ValueError, match="--eagle-draft-model-path"):
         engine_bench.engine_config("eagle-kdtree", args)
 

@@ -23,7 +23,10 @@ if str(TESTS) not in sys.path:
 
 from sglang_gpu import llama8b  # noqa: E402
 
-CONFIGS = "none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree256,ddtree1023"
+CONFIGS = "none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree256,ddtree1023,ddtree64-budgets"
+# What the bench suggested from the H100 table of 2026-12-05 (examples/results/2026-12-05-enginebench): trees of 64
+# tokens below 16 requests, plain decode from 16 (eager: one verify width is captured)
+BUDGETS = "1:64,16:1"
 
 
 def main() -> int:
@@ -42,6 +45,7 @@ def main() -> int:
                "--draft-model-path", paths["dflash"], "--eagle-draft-model-path", paths["eagle"],
                "--configs", CONFIGS, "--batch-sizes", "1,4,16,32", "--base-backend", "triton",
                "--vocab-range", f"{words.start},{words.stop}", "--engine-args", json.dumps(engine), "--profile",
+               "--ddtree-budgets", BUDGETS,
                "--out", str(Path(args.out) / f"attn_std-{std}"), *bench_args]
         print(f"=== attn_std {std}: {' '.join(cmd)}", flush=True)
         status |= subprocess.run(cmd, env=dict(os.environ, SGLANG_GPU_STANDIN="1")).returncode

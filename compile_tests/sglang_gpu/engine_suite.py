@@ -25,6 +25,10 @@ DDTREE at budgets 16 and 64, compared with the tp_size=1 reference like the othe
 speculation), their tokens/s beside tp_size=1's, and the plugin's status from each rank (`kdtree_ranks`: op calls and
 the device-side count of each rank's replays). `--platform cpu --tp2 on` runs them on the CPU engine over gloo.
 
+A call that stopped before its scoring leaves its greedy runs unscored: `--score-only` scores them afterwards with the
+reference engine of `--platform` (on the CPU: the float32 target judges the GPU's bf16 tokens, a stricter judge; the
+check line says `scored_on`).
+
 Writes DIR/results.jsonl (a line per configuration as it finishes, so a stopped run keeps what ran; a line per scored
 configuration) and DIR/summary.md; exits 1 when a configuration failed or a token failed the greedy check.
 """
@@ -271,8 +275,10 @@ def score_earlier(model: str, paths: dict, args, out: Path, batch: list, new_hos
         engine = dict(engine, **paths.get("engine", {}))
     else:
         target = cpu_loadable(Path(target))
-        if target != paths["target"]:  # MLA: torch_native cannot prefill it on the CPU (test_sglang_engine.py, e.);
-            engine, env = dict(KDTREE), {"KDTREE_BASE_BACKEND": "intel_amx"}  # kdtree without speculation can
+        if target != paths["target"]:
+            # MLA: torch_native cannot prefill DeepSeek attention on the CPU (test_sglang_engine.py, e.); kdtree
+            # without speculation over intel_amx can
+            engine, env = dict(KDTREE), {"KDTREE_BASE_BACKEND": "intel_amx"}
     host = new_host()
     try:
         for line in score(host, target, engine, batch, greedy, env):

@@ -12,7 +12,8 @@ time, and tokens per verify step from SGLang's `spec_verify_ct`. Configurations:
 - `none`: no speculation; `ngram`, `eagle`, `dflash`: SGLang's algorithm with its own verify (the base backend);
 - `ngram-kdtree`, `eagle-kdtree`, `dflash-kdtree`: the same with `--attention-backend kdtree` (verify by the op);
 - `ddtreeN`: DDTREE through kdtree with N tree tokens (the root and N - 1 drafts); `ddtreeN-overlap`: the same on
-  SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1).
+  SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1); `ddtreeN[-overlap]-budgets`: with the tree size per batch
+  size of --ddtree-budgets (KDTREE_DDTREE_BUDGETS).
 The table ends with DDTREE's tree size per batch size that it suggests (KDTREE_DDTREE_BUDGETS, ddtree_budgets.py).
 With --profile, each DDTREE configuration runs again with KDTREE_DDTREE_PROFILE=1 (it synchronizes at each phase
 boundary, so its tokens/s are not reported) for the round's time split: draft, tree build, verify, accept, commit,
@@ -51,6 +52,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="the attention backend of the non-kdtree configurations and kdtree's base (default: SGLang's)")
     p.add_argument("--engine-args", default="{}", help="JSON of extra sglang.Engine arguments for every configuration")
     p.add_argument("--eagle-topk", type=int, default=4)
+    p.add_argument("--ddtree-budgets", default=None,
+                   help="KDTREE_DDTREE_BUDGETS of the ddtreeN-budgets configurations (e.g. 1:64,16:1)")
     p.add_argument("--profile", action="store_true", help="DDTREE's round time split (an extra, synchronizing run)")
     p.add_argument("--timeout-s", type=float, default=1800, help="per configuration")
     p.add_argument("--out", default="bench_results")
@@ -59,7 +62,10 @@ def _parser() -> argparse.ArgumentParser:
 
 def engine_config(name: str, args) -> tuple[dict, dict]:
     """(sglang.Engine kwargs, environment) of a configuration name (module docstring)."""
-    engine, env = dict(model_path=args.model_path), {}
+    engine, env, given = dict(model_path=args.model_path), {}, name
+    if name.startswith("ddtree") and name.endswith("-budgets"):
+        env["KDTREE_DDTREE_BUDGETS"] = _need(args.ddtree_budgets, "--ddtree-budgets")
+        name = name.removesuffix("-budgets")
     if name.startswith("ddtree") and name.endswith("-overlap"):
         env["KDTREE_DDTREE_OVERLAP"] = "1"
         name = name.removesuffix("-overlap")
@@ -88,8 +94,8 @@ def engine_config(name: str, args) -> tuple[dict, dict]:
         engine.update(speculative_algorithm="DDTREE", speculative_num_draft_tokens=int(algorithm[6:]),
                       speculative_draft_model_path=_need(args.draft_model_path, "--draft-model-path"))
     else:
-        raise ValueError(f"--configs: unknown configuration {name!r} (none, ngram, eagle, dflash, each optionally "
-                         f"with -kdtree, or ddtreeN, optionally with -overlap)")
+        raise ValueError(f"--configs: unknown configuration {given!r} (none, ngram, eagle, dflash, each optionally "
+                         f"with -kdtree, or ddtreeN, optionally with -overlap and then -budgets)")
     engine.update(json.loads(args.engine_args))
     return engine, env
 
