@@ -18,7 +18,8 @@
 #             99 KB class): each class's configurations and code path on this sm_90 GPU, under its limits
 #   bench     python -m kdtree_ops bench (G1-G5, M1-M5, bf16 and the fp8 column), the same for kdtree under each
 #             emulated class (and from the 99 KB class's run an estimate for the RTX PRO 6000), bench --ddtree, and
-#             the gather probe (examples/gather_probe.cu, Hopper). Run it first where a call holds one part: it is the
+#             the gather probe (examples/gather_probe.cu, Hopper), the ncu profile of G2 and M5 (bf16, both fp8 paths:
+#             examples/ncu_profile.py). Run it first where a call holds one part: it is the
 #             only part no test replaces
 #   engine    real sglang.Engines, CUDA graphs on, bf16, through kdtree over the triton base (compile_tests/sglang_gpu/
 #             engine_suite.py): no speculation, NGRAM, EAGLE topk 4, DFLASH, DDTREE at budgets 16-1023, torch.compile,
@@ -252,6 +253,10 @@ for part in "${parts[@]}"; do
     # last: a hang of the unverified path costs no verified number.
     stage bench fp8_overlap 150 0 $py -m kdtree_ops.bench --impls kdtree,kdtree_fp8_overlap --samples 15 \
       --out "$out/bench/fp8_overlap"
+    # Where the fp8 column's time goes: Nsight Compute on G2 and M5's verify kernel, bf16 against
+    # both fp8 paths (examples/ncu_profile.py).
+    ncu_bin=$(command -v ncu || ls /usr/local/cuda*/bin/ncu 2>/dev/null | head -n 1)
+    [ -n "$ncu_bin" ] && stage bench ncu 240 0 $py examples/ncu_profile.py --out "$out/bench/ncu" --ncu "$ncu_bin"
     for arch in 80 120; do
       stage bench "fp8_overlap_sm$arch" 90 0 env KDTREE_OPS_EMULATE_ARCH=$arch \
         $py -m kdtree_ops.bench --impls kdtree,kdtree_fp8_overlap --samples 15 --out "$out/bench/fp8_overlap_sm$arch"
