@@ -230,6 +230,16 @@ def _write(path: Path, line: dict) -> None:
         f.write(json.dumps(line) + "\n")
 
 
+def write_checks(results: Path, model: str, lines: list, platform: str) -> None:
+    """Appends score()'s check lines, each naming the platform whose reference scored it, and prints them."""
+    for line in lines:
+        g = line["greedy_check"]
+        g["scored_on"] = platform
+        _write(results, line)
+        print(f"--- {model}/{line['config']}: greedy check {g['checked']} tokens, {g['near_ties_taken']} "
+              f"near-ties taken, {g['num_violations']} violations", flush=True)
+
+
 def unscored(results: Path) -> tuple[dict | None, list]:
     """The reference record and the greedy records of a results.jsonl that no greedy check line scores yet."""
     reference, last = None, {}  # a check line scores the last run of its configuration before it (engine_report)
@@ -281,12 +291,7 @@ def score_earlier(model: str, paths: dict, args, out: Path, batch: list, new_hos
             engine, env = dict(KDTREE), {"KDTREE_BASE_BACKEND": "intel_amx"}
     host = new_host()
     try:
-        for line in score(host, target, engine, batch, greedy, env):
-            line["greedy_check"]["scored_on"] = args.platform
-            _write(results, line)
-            g = line["greedy_check"]
-            print(f"--- {model}/{line['config']}: greedy check {g['checked']} tokens, {g['near_ties_taken']} "
-                  f"near-ties taken, {g['num_violations']} violations", flush=True)
+        write_checks(results, model, score(host, target, engine, batch, greedy, env), args.platform)
     finally:
         host.close()
 
@@ -339,11 +344,8 @@ def run_model(model: str, args, out: Path, start: float) -> None:
         if greedy_records and time.monotonic() - start <= args.budget_s + 60:
             host.close()  # a fresh driver: the last engine may have taken this one down with it
             host = new_host()
-            for line in score(host, paths["target"], ref_engine, batch, greedy_records):
-                _write(results, line)
-                g = line["greedy_check"]
-                print(f"--- {model}/{line['config']}: greedy check {g['checked']} tokens, {g['near_ties_taken']} "
-                      f"near-ties taken, {g['num_violations']} violations", flush=True)
+            write_checks(results, model, score(host, paths["target"], ref_engine, batch, greedy_records),
+                         args.platform)
     finally:
         host.close()
 
