@@ -11,7 +11,8 @@ a. with the radix cache (a second round over cached prefixes) and without it und
    on the overlap scheduler equals the engine without speculation token for token, accepting drafts;
 b. every decode round ran on the overlap loop (the worker counts the rounds SGLang handed `on_publish`, which only
    the overlap loop does), and none did without KDTREE_DDTREE_OVERLAP (the synchronous default);
-c. a bad KDTREE_DDTREE_OVERLAP fails at launch, naming the values;
+c. a bad KDTREE_DDTREE_OVERLAP fails at launch, naming the values; KDTREE_DDTREE_BUDGETS changes the rounds' widths
+   on the overlap loop as on the synchronous one, lossless;
 d. (no engine) the carry passes SGLang's relay (RelayPayload.from_draft_input) and filters and merges by the
    scheduler's future_indices.
 """
@@ -30,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from sglang_cpu import ddtree_models  # noqa: E402
 from sglang_cpu.engine_fixtures import ddtree_checkpoints, host  # noqa: E402,F401 (host: a fixture)
 from sglang_cpu.engine_host import EngineError  # noqa: E402
-from test_sglang_ddtree_engine import NEW_TOKENS, PROMPTS, ddtree, drafts_per_verify  # noqa: E402
+from test_sglang_ddtree_engine import (BUDGET_LENGTHS, BUDGETS, NEW_TOKENS, PROMPTS, ddtree,  # noqa: E402
+                                       drafts_per_verify)
 
 DRAFTED = ddtree_models.BLOCK_SIZE - 1
 OVERLAP = {"KDTREE_DDTREE_OVERLAP": "1"}
@@ -94,6 +96,24 @@ def test_every_round_ran_on_the_overlap_loop_and_none_by_default(overlap_radix, 
         assert "KDTREE_DDTREE_OVERLAP=1, overlap scheduling on" in run["log"]
     assert synchronous["worker"]["rounds"] > 0 and synchronous["worker"]["published"] == 0, synchronous["worker"]
     assert "overlap scheduling turned off" in synchronous["log"]
+
+
+def test_overlapped_rounds_change_width_as_the_batch_shrinks(host, models, reference):
+    """KDTREE_DDTREE_BUDGETS on the overlap loop: plain decode, then 4, then 16 tokens as requests finish (the
+    scheduler reserves the launch width's slots whatever a round uses), equal to no speculation."""
+    params = [{"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True} for n in BUDGET_LENGTHS]
+    host.start(models["target"], env={**OVERLAP, "KDTREE_DDTREE_BUDGETS": BUDGETS}, **ddtree(models))
+    try:
+        outputs = host.request("generate", input_ids=PROMPTS, sampling_params=params)["outputs"]
+        (worker,) = host.request("server_info")["internal_states"][0]["ddtree"]
+    finally:
+        host.stop()
+    assert [o["output_ids"] for o in outputs] == [ids[:n] for ids, n in zip(reference["ids"], BUDGET_LENGTHS)]
+    assert worker["rounds"] > 0 and worker["published"] == worker["rounds"], worker
+    log = host.new_log()
+    for change in ("batch of 4 requests: trees of 1 tokens", "batch of 2 requests: trees of 4 tokens",
+                   "batch of 1 requests: trees of 16 tokens"):
+        assert change in log, change
 
 
 def test_a_bad_overlap_switch_fails_at_launch(host, models):
