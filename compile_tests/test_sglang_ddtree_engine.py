@@ -23,7 +23,7 @@ d. sampling: temperature 0.7 with a seed, a greedy request in the same batch: th
    distribution at that position, read from a non-speculative engine given the same prefix — an independent
    sampler on the target's own logits. (SGLang's seeded engine itself cannot run here: its deterministic-inference
    mode, the only one that passes per-request seeds to the sampler, needs CUDA or XPU, "No supported accelerator".)
-   A best-first tree and a top-1 chain emit the same tokens;
+   A best-first tree, a top-1 chain and plain decode rounds (KDTREE_DDTREE_BUDGETS) emit the same tokens;
 e. refusals: a grammar-constrained request is aborted with SGLang's message and the server goes on; a bad
    KDTREE_DDTREE_TOPK, a missing draft path or a node budget the drafter cannot fill (KDTREE_DDTREE_TOPK=1, 16
    tokens, block 8: it launched, then died in its first round) fail at launch, naming the fix; so does a verify
@@ -331,6 +331,18 @@ def test_sampled_ddtree_draws_sglang_s_seeded_torch_sampler_tokens(sampled, targ
         assert ids[1:] == want.tolist()
         compared += len(ids) - 1
     assert compared == 3 * (NEW_TOKENS - 1)
+
+
+@pytest.fixture(scope="module")
+def sampled_plain(host, models):  # four requests of one length: every round of the batch is plain decode
+    return _run(host, models["target"], params=sampled_params(True), env={"KDTREE_DDTREE_BUDGETS": "4:1"},
+                **ddtree(models))
+
+
+def test_sampled_plain_decode_rounds_draw_the_tree_s_tokens(sampled, sampled_plain):
+    assert sampled_plain["ids"] == sampled["ids"]
+    metas = [o["meta_info"] for o in sampled_plain["rounds"][0]]  # one token a verify (the prefill gave the first)
+    assert all(m["spec_verify_ct"] == m["completion_tokens"] - 1 for m in metas), metas
 
 
 def test_sampled_ddtree_is_the_target_s_seeded_sampling_whatever_the_tree(reference, sampled, sampled_chain):
