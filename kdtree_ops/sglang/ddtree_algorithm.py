@@ -102,9 +102,9 @@ def resolve_ddtree_server_args(server_args) -> None:
 
     # a bad KDTREE_DDTREE_TOPK or KDTREE_DDTREE_BUDGETS, or a budget the drafter cannot fill, fails here, not in the
     # first round
-    block_size = draft_block_size(server_args.speculative_draft_model_path)
-    check_node_budget(int(tokens), ddtree_topk(), block_size)
-    policy = budget_policy(int(tokens), ddtree_topk(), block_size)
+    topk, block_size = ddtree_topk(), draft_block_size(server_args.speculative_draft_model_path)
+    check_node_budget(int(tokens), topk, block_size)
+    policy = budget_policy(int(tokens), topk, block_size)
     if policy is not None:
         logger.info("DDTREE: tree tokens per batch size (%s): %s", BUDGETS_ENV, policy.describe())
     server_args.speculative_num_draft_tokens = int(tokens)

@@ -17,11 +17,8 @@ without a graph; the bench's table times each width with its own graphs, so it b
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
-
-logger = logging.getLogger(__name__)
 
 BUDGETS_ENV = "KDTREE_DDTREE_BUDGETS"
 
@@ -64,12 +61,12 @@ def parse_budgets(raw: str, launch_width: int, topk: int, block_size: int) -> Bu
 
     steps = []
     for entry in (e.strip() for e in raw.split(",")):
-        batch, sep, tokens = entry.partition(":")
+        batch, _, tokens = entry.partition(":")
         try:
             batch_size, width = int(batch), int(tokens)
         except ValueError:
             raise refuse(f"entry {entry!r} is not BATCH:TOKENS with two integers") from None
-        if not sep or batch_size < 1:
+        if batch_size < 1:
             raise refuse(f"entry {entry!r}: BATCH must be a positive integer")
         if steps and batch_size <= steps[-1][0]:
             raise refuse(f"entry {entry!r}: batch sizes must ascend")

@@ -288,9 +288,10 @@ class DDTreeWorker(BaseSpecWorker):
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
         dest = node_slots[:, : max_depth + 1]
         pool = self.model_runner.token_to_kv_pool
-        ddtree.commit_kv_layers(((pool.get_key_buffer(i), pool.get_value_buffer(i))
-                                 for i in range(pool.start_layer, pool.start_layer + pool.layer_num)),
-                                accepted, node_slots, dest)
+        if max_depth > 0:  # a root-only tree (plain decode) already holds its K/V at L_b: nothing moves
+            ddtree.commit_kv_layers(((pool.get_key_buffer(i), pool.get_value_buffer(i))
+                                     for i in range(pool.start_layer, pool.start_layer + pool.layer_num)),
+                                    accepted, node_slots, dest)
         rows = (torch.arange(bs, device=self.device)[:, None] * n + accepted.clamp_min(0)).reshape(-1)
         depth = torch.arange(max_depth + 1, device=self.device)
         self.drafter.materialize(logits_output.hidden_states[rows],
