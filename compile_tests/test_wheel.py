@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from kdtree_ops import build, prebuilt, wheel
+from kdtree_ops.testing.wheel_venv import make_wheel_venv
 
 REPO = Path(__file__).resolve().parent.parent
 OPS = ("tree_verify_attention", "tree_verify_attention_out", "tree_mask_from_parents", "tree_mask_from_dense",
@@ -90,9 +91,7 @@ def venv(binary_wheel, tmp_path_factory) -> Path:
     """A fresh virtual environment that sees this Python's packages (torch, numpy, ninja: nothing is downloaded)
     with the binary wheel installed, offline, by pip's ordinary resolution of its pinned requirements."""
     root = tmp_path_factory.mktemp("venv")
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(root)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(root / "bin" / "python"), "install", "--no-index",
-                    "-q", str(binary_wheel)], check=True)
+    make_wheel_venv(root, binary_wheel)
     return root
 
 

@@ -36,7 +36,7 @@
 #             to the first op call with an empty cache (it compiles for this GPU) and with its build cached; the wheel
 #             built from that build here (python -m kdtree_ops build --wheel: this machine's torch and Python, so it
 #             matches; a wheel from another torch would fall back to JIT) into RESULTS_DIR/wheel/dist, installed in a
-#             fresh venv (--system-site-packages, offline, no compiler on PATH, an empty cache), its time to the first
+#             fresh venv (lent this Python's packages, offline, no compiler on PATH, an empty cache), its time to the first
 #             op call, and the CUDA numerics suites served by it (the cache must stay empty: nothing compiled)
 # Each part writes RESULTS_DIR/<part>/ and appends its stages to RESULTS_DIR/stages.tsv; every run rebuilds
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
@@ -301,8 +301,10 @@ for part in "${parts[@]}"; do
     stage wheel build_wheel 300 150 env KDTREE_OPS_CACHE_DIR="$jit_cache" $py -m kdtree_ops build --wheel \
       --out "$out/wheel/dist"
     # --no-deps: this machine's torch may lack a dependency's wheel offline (CI installs with the pinned requirements).
-    stage wheel install 120 120 bash -c "$py -m venv --without-pip --system-site-packages '$wdir/venv' && $py -m pip \
-      --python '$wdir/venv/bin/python' install --no-index --no-deps '$out'/wheel/dist/kdtree_ops-*.whl"
+    # The venv is lent this Python's packages by a .pth: this machine's Python is itself a venv, whose packages
+    # --system-site-packages alone would not show.
+    stage wheel install 120 120 bash -c "$py -m kdtree_ops.testing.wheel_venv '$wdir/venv' \
+      '$out'/wheel/dist/kdtree_ops-*.whl --no-deps"
     # No CUDA toolkit named, the checkout off PYTHONPATH and not the working folder (the installed package serves),
     # an empty build cache (checked empty afterwards: nothing compiled). The first call runs with the venv alone on
     # PATH (no compiler at all); the numerics keep the system's C compiler on PATH, which Triton and Inductor need
