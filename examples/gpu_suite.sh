@@ -204,7 +204,8 @@ for part in "${parts[@]}"; do
     # The fp8 overlap path (issue 47; unverified: the tests lift the gate themselves): test_cuda_fp8 on both paths'
     # overlap half, the gate cases of test_cuda_errors (refused without KDTREE_OPS_UNVERIFIED, run with it); memcheck
     # and racecheck on the overlap calls of sanitize_case.py.
-    stage native fp8_overlap 200 0 $py -m pytest compile_tests -m cuda -k "fp8_overlap" -v \
+    stage native fp8_overlap 200 0 $py -m pytest compile_tests/test_cuda_fp8.py compile_tests/test_cuda_errors.py \
+      -m cuda -k "fp8_overlap" -v \
       -p no:cacheprovider --durations=10 --junitxml="$out/native/pytest_cuda_fp8_overlap.xml"
     if [ -n "$sanitizer" ]; then
       stage native memcheck_fp8_overlap 90 0 env PYTORCH_NO_CUDA_MEMORY_CACHING=1 "$sanitizer" --tool memcheck \
