@@ -39,3 +39,19 @@ def test_a_finished_stage_reads_as_finished(tmp_path):
         assert gpu_summary.selected_count(log) == 4, line
         assert gpu_summary.junit_summary(xml, log) == "4 ran: **4 passed**, 0 failed, 0 errors, 0 skipped"
     assert gpu_summary.selected_count(tmp_path / "missing.log") is None
+
+
+def test_the_fp8_overlap_stages_have_lines_of_their_own(tmp_path):
+    """The native part's fp8 overlap stages (tests, memcheck, racecheck) are summarized apart from the others."""
+    native = tmp_path / "native"
+    native.mkdir()
+    _junit(native / "pytest_cuda_fp8_overlap.xml", passed=83, failed=4)
+    (native / "fp8_overlap.log").write_text("collected 543 items / 456 deselected / 87 selected\n")
+    (native / "memcheck_fp8_overlap.log").write_text("sanitize_case: all ok\n========= ERROR SUMMARY: 0 errors\n")
+    gpu_summary.main(tmp_path)
+    text = (tmp_path / "summary.md").read_text()
+    section = text[text.index("## The fp8 overlap path"):]
+    assert "87 ran: **83 passed**, 4 failed" in section
+    assert ("- memcheck (sanitize_case.py --fp8-overlap): sanitize_case: all ok; ========= ERROR SUMMARY: 0 errors"
+            in section)
+    assert "- racecheck (sanitize_case.py --fp8-overlap): no summary line (see its log)" in section

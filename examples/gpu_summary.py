@@ -101,6 +101,11 @@ def main(out: Path) -> None:
                   + junit_summary(native / "pytest_sglang_gpu.xml", native / "sglang_gpu.log"), "",
                   "## compute-sanitizer (examples/sanitize_case.py)", ""]
         lines += [f"- {tool}: {sanitizer_summary(native / f'{tool}.log')}" for tool in ("memcheck", "racecheck")]
+        lines += ["", "## The fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap)", "",
+                  "`pytest test_cuda_fp8.py test_cuda_errors.py -m cuda -k fp8_overlap`: "
+                  + junit_summary(native / "pytest_cuda_fp8_overlap.xml", native / "fp8_overlap.log"), ""]
+        lines += [f"- {tool} (sanitize_case.py --fp8-overlap): {sanitizer_summary(native / f'{tool}_fp8_overlap.log')}"
+                  for tool in ("memcheck", "racecheck")]
         lines.append("")
     if emulated.exists():
         lines += ["## GPU tests under emulated architecture classes (KDTREE_OPS_EMULATE_ARCH, on this sm_90 GPU)", ""]
