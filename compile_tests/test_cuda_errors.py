@@ -14,7 +14,7 @@ Covered, for tree_verify_attention (functional and `_out` forms, eager and while
   unset the host does not check them: eagerly only for a fault the kernel survives (too few mask words: words
   past W read as zero), the others by capturing without replay (no host check raises, nothing runs);
 and the same for tree_mask_from_parents / tree_mask_from_dense and record_divergence; the fp8 path switch
-(KDTREE_OPS_FP8_PATH: the overlap path gated until a GPU run passes it, a value naming no path). Then the has-kernel
+(KDTREE_OPS_FP8_PATH: the overlap path under gate rows of its own, a value naming no path). Then the has-kernel
 answer is compared with what the op does over a grid of dtypes, head dims and KV heads.
 """
 
@@ -386,37 +386,36 @@ def ddtree_gate_call(op: str):
     return run
 
 
-def gate_cases() -> list[Case]:
-    cases = [Case(f"gate-{family.split()[-1]}-{cache}", support_call(*config), pattern=None, gated=True)
-             for (family, cache), config in GATE_ATTENTION.items()]
+def gate_cases() -> list[tuple[Case, tuple[str, str]]]:
+    """Each gated call with its row of the verified-families table: every attention family and cache, the fp8 ones
+    also by the overlap path (rows of their own, "fp8 overlap"), and the DDTree ops."""
+    cases = []
+    for (family, cache), config in GATE_ATTENTION.items():
+        head = family.split()[-1]
+        cases.append((Case(f"gate-{head}-{cache}", support_call(*config), pattern=None, gated=True), (family, cache)))
+        if cache == "fp8":
+            cases.append((Case(f"gate-{head}-fp8_overlap", support_call(*config), pattern=None, gated=True,
+                               fp8_path="overlap"), (family, "fp8 overlap")))
     for op in GATE_DDTREE_OPS:
-        cases.append(Case(f"gate-{op}", ddtree_gate_call(op), pattern=None, gated=True))
+        cases.append((Case(f"gate-{op}", ddtree_gate_call(op), pattern=None, gated=True), (op, "")))
     return cases
 
 
 GATE_DDTREE_OPS = ("ddtree_build_tree", "ddtree_accept_greedy", "ddtree_commit_kv", "ddtree_sample_targets")
-GATE_FAMILIES = {case.name: key for case, key in zip(gate_cases(), [*GATE_ATTENTION, *(
-    (op, "") for op in GATE_DDTREE_OPS)])}
+GATE_FAMILIES = {case.name: key for case, key in gate_cases()}
 
 # --- the fp8 path switch (KDTREE_OPS_FP8_PATH, read at each call) ---------------------------------------------------
 
 
 def fp8_path_cases() -> list[Case]:
-    """The overlap path is gated apart from the families (no GPU run has passed it): without KDTREE_OPS_UNVERIFIED an
-    fp8 call on it raises naming the path and the switch back; with the gate lifted it runs and matches the reference
-    (support_call). A value that names no path raises for an fp8 call, naming the variable; a cache of q's dtype never
-    reads it."""
+    """The overlap path has gate rows of its own (gate_cases: it raises where its row is not verified for the class,
+    without KDTREE_OPS_UNVERIFIED); with the gate lifted it runs and matches the reference (support_call). A value
+    that names no path raises for an fp8 call, naming the variable; a cache of q's dtype never reads it."""
     cases = []
     for (family, cache), config in GATE_ATTENTION.items():
-        if cache != "fp8":
-            continue
-        head = family.split()[-1]
-        cases.append(Case(f"attention-fp8_overlap_gated-{head}", support_call(*config),
-                          rf"tree_verify_attention {head} over an fp8 KV cache by the fp8 overlap path "
-                          r"\(KDTREE_OPS_FP8_PATH=overlap\) for the .* class.* is not yet verified on a GPU.*"
-                          r"KDTREE_OPS_FP8_PATH=widen, the default",
-                          gated=True, fp8_path="overlap"))
-        cases.append(Case(f"attention-fp8_overlap-{head}", support_call(*config), None, fp8_path="overlap"))
+        if cache == "fp8":
+            cases.append(Case(f"attention-fp8_overlap-{family.split()[-1]}", support_call(*config), None,
+                              fp8_path="overlap"))
     fp8_config, same_config = GATE_ATTENTION[("tree_verify_attention hd128", "fp8")], \
         GATE_ATTENTION[("tree_verify_attention hd128", "same")]
     cases.append(Case("attention-fp8_path_unknown-fp8", support_call(*fp8_config),
@@ -426,7 +425,7 @@ def fp8_path_cases() -> list[Case]:
     return cases
 
 
-CASES = attention_cases() + helper_cases() + gate_cases() + fp8_path_cases() + [
+CASES = attention_cases() + helper_cases() + [case for case, _ in gate_cases()] + fp8_path_cases() + [
     Case(name, support_call(*config), pattern=None) for name, config in SUPPORT_CONFIGS.items()]
 CASES_BY_NAME = {c.name: c for c in CASES}
 assert len(CASES_BY_NAME) == len(CASES), "case names must be unique"
@@ -498,15 +497,21 @@ def test_unverified_families_raise_until_verified(ops, child_results, case):
 
 def test_has_kernel_for_follows_the_fp8_path(ops, monkeypatch):
     """The kernel-support answer reads KDTREE_OPS_FP8_PATH at each query, as the op does at each call: the overlap path
-    is "not yet verified" until the gate is lifted; a value naming no path is a "no" that says so (a cache of q's dtype
-    never reads it)."""
+    answers by its own gate rows ("not yet verified" where its row is false for the class, until the gate is lifted);
+    a value naming no path is a "no" that says so (a cache of q's dtype never reads it)."""
     query = ("cuda", torch.bfloat16, 128, 128, 2)
     fp8 = dict(kv_dtype=torch.float8_e4m3fn)
     monkeypatch.delenv("KDTREE_OPS_UNVERIFIED", raising=False)
     monkeypatch.setenv("KDTREE_OPS_FP8_PATH", "overlap")
     reason = ops.kernel_unsupported_reason(*query, **fp8)
-    assert "fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap)" in reason and "not yet verified on a GPU" in reason, reason
-    assert not ops.has_kernel_for(*query, **fp8)
+    (row,) = [f for f in ops.verified_families()
+              if f["family"] == "tree_verify_attention hd128" and f["cache"] == "fp8 overlap"]
+    if row["verified"][ops.cuda_launch_class("cuda")]:
+        assert reason == "" and ops.has_kernel_for(*query, **fp8), reason
+    else:
+        assert "fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap)" in reason and "not yet verified on a GPU" in reason, \
+            reason
+        assert not ops.has_kernel_for(*query, **fp8)
     same = ops.kernel_unsupported_reason(*query)
     monkeypatch.setenv("KDTREE_OPS_FP8_PATH", "widen")
     assert ops.kernel_unsupported_reason(*query) == same  # a cache of q's dtype: the path changes nothing

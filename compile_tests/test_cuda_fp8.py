@@ -15,11 +15,14 @@ long prefixes split over several CTAs whose pieces end before the draft rows).
 Paths: on the H200 the wide and narrow wgmma GQA kernels, the paired MLA kernel (V read from the K tile; the widen path
 on both fp8 paths) and the key-split one (V apart from K, or a v_scale other than k_scale), and with
 KDTREE_OPS_PORTABLE_MMA=1 the mma.sync kernels; the GPU suite runs this file again under each emulated architecture
-class. The overlap path is not yet verified on a GPU: its tests lift the gate (KDTREE_OPS_UNVERIFIED=1), as the suite
-does.
+class. The overlap path is verified on sm_90a only (an H100 run, examples/results/2026-12-06-gpu): its tests lift the
+gate (KDTREE_OPS_UNVERIFIED=1) for the emulated classes, as the suite does. It copies fp8 rows 16 bytes at a time, so a
+pool with 8-byte row or head strides takes the widen path (test_fp8_strides_of_8_bytes_take_the_widen_path).
 """
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
@@ -107,6 +110,27 @@ def test_fp8_gqa_short_trees(ops, head_dim, kv_dtype):
                     head_dim_qk=head_dim, head_dim_v=head_dim, draft_mode="separate", layout="strided",
                     index_dtype=torch.int64, seed=head_dim + 1)
     check(ops, case)
+
+
+def test_fp8_strides_of_8_bytes_take_the_widen_path(ops, fp8_path):
+    """A pool of 72-byte rows (head dim 64 and 8 bytes of padding, as the strided layout makes it): the overlap path's
+    landing ring copies 16 bytes at a time, so each such call takes the widen path and says so in a warning (every
+    call here: warn-always); the widen path takes it silently. Both match the reference."""
+    case = fp8_case(torch.float8_e4m3fn, tree_sizes=[16, 9], prefix_lens=[300, 40], num_q_heads=8, num_kv_heads=2,
+                    head_dim_qk=64, head_dim_v=64, draft_mode="separate", layout="strided", seed=72)
+    assert case.k_cache.stride(1) % 16 == 8, case.k_cache.stride()  # the precondition: rows of 8-byte multiples
+    warn_always = torch.is_warn_always_enabled()
+    torch.set_warn_always(True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            check(ops, case)
+    finally:
+        torch.set_warn_always(warn_always)
+    fallbacks = [str(w.message) for w in caught if "take the widen path" in str(w.message)]
+    assert len(fallbacks) == (2 if fp8_path == "overlap" else 0), fallbacks  # the _out op and the functional one
+    for message in fallbacks:
+        assert "KDTREE_OPS_FP8_PATH=overlap" in message and "multiples of 16 bytes" in message, message
 
 
 @pytest.mark.parametrize("draft_mode", ["cache", "separate"])

@@ -40,7 +40,7 @@ std::string cuda_unsupported_reason(const KernelQuery& q) {
   const int device = q.device.has_index() ? q.device.index() : c10::cuda::current_device();
   const bool fp8 = q.kv_dtype != q.q_dtype;
   try {
-    const std::string unverified = tree_verify_unverified_reason(*family, device, fp8);
+    const std::string unverified = tree_verify_unverified_reason(*family, device, fp8, fp8_path());
     if (!unverified.empty()) return unverified;
     return family->blocker(device, q.q_dtype == c10::kBFloat16, fp8);
   } catch (const c10::Error& e) {  // e.g. KDTREE_OPS_EMULATE_ARCH naming no class: the answer is no, and why
@@ -66,10 +66,9 @@ const TreeVerifyFamily* find_tree_verify_family(int64_t head_dim_qk, int64_t hea
   return nullptr;
 }
 
-std::string tree_verify_unverified_reason(const TreeVerifyFamily& family, int device, bool fp8) {
-  // The fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap) has rows of its own in the table ("fp8 overlap"): no GPU run
-  // has passed it yet, on any class, so it runs only with the gate lifted.
-  if (fp8 && fp8_path() == Fp8Path::kOverlap) return unverified_reason_on(family.verified_as, "fp8 overlap", device);
+std::string tree_verify_unverified_reason(const TreeVerifyFamily& family, int device, bool fp8, Fp8Path path) {
+  // The fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap) has rows of its own in the table ("fp8 overlap").
+  if (fp8 && path == Fp8Path::kOverlap) return unverified_reason_on(family.verified_as, "fp8 overlap", device);
   return unverified_reason_on(family.verified_as, fp8 ? "fp8" : "same", device);
 }
 

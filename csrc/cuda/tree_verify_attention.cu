@@ -24,6 +24,12 @@ void check_16_byte_rows(const at::Tensor& t, const char* name) {
               "strides ", t.strides());
 }
 
+// Row and head strides in multiples of 16 bytes (dims of one row or head need none).
+bool strides_of_16_bytes(const at::Tensor& t) {
+  const int64_t bytes = t.element_size();
+  return (t.size(0) <= 1 || t.stride(0) * bytes % 16 == 0) && (t.size(1) <= 1 || t.stride(1) * bytes % 16 == 0);
+}
+
 bool is_prefix_view(const at::Tensor& v, const at::Tensor& k) {
   return v.data_ptr() == k.data_ptr() && v.stride(0) == k.stride(0) && v.stride(1) == k.stride(1) &&
          v.size(2) <= k.size(2);
@@ -47,7 +53,17 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   TORCH_CHECK(family != nullptr, "tree_verify_attention: on CUDA, head dims (Dqk, Dv) = (", d.head_dim_qk, ", ",
               d.head_dim_v, ") with ", d.num_kv_heads, " KV heads have no kernel; the CUDA kernels take ",
               cuda::kTreeVerifyHeadDims);
-  const std::string unverified = cuda::tree_verify_unverified_reason(*family, q.get_device(), fp8);
+  // The overlap path's landing ring copies fp8 rows 16 bytes at a time (the widen path 8): a cache whose row or head
+  // stride is not a multiple of 16 bytes takes the widen path, said once.
+  const bool overlap_requested = fp8 && cuda::fp8_path() == cuda::Fp8Path::kOverlap;
+  const bool overlap = overlap_requested && strides_of_16_bytes(k_cache) && strides_of_16_bytes(v_cache);
+  if (overlap_requested && !overlap) {
+    TORCH_WARN_ONCE("tree_verify_attention: the fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap) needs k_cache and "
+                    "v_cache row/head strides that are multiples of 16 bytes; got k_cache strides ", k_cache.strides(),
+                    " and v_cache strides ", v_cache.strides(), ", so such calls take the widen path");
+  }
+  const cuda::Fp8Path path = overlap ? cuda::Fp8Path::kOverlap : cuda::Fp8Path::kWiden;
+  const std::string unverified = cuda::tree_verify_unverified_reason(*family, q.get_device(), fp8, path);
   TORCH_CHECK(unverified.empty(), "tree_verify_attention: ", unverified);
   if (d.num_tokens == 0) return;
   TORCH_CHECK(d.num_tokens <= INT32_MAX / 1024, "tree_verify_attention: too many query rows (", d.num_tokens, ")");
@@ -55,13 +71,7 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{q, "q"}, {k_cache, "k_cache"},
                                 {v_cache, "v_cache"}, {out, "out"}})
     check_16_byte_rows(t, name);
-  if (fp8 && cuda::fp8_path() == cuda::Fp8Path::kOverlap) {
-    // The overlap path's landing ring copies fp8 rows 16 bytes at a time (the widen path 8): strides of 16 bytes.
-    for (const auto& [t, name] : {std::pair<const at::Tensor&, const char*>{k_cache, "k_cache"}, {v_cache, "v_cache"}})
-      TORCH_CHECK((t.size(0) <= 1 || t.stride(0) % 16 == 0) && (t.size(1) <= 1 || t.stride(1) % 16 == 0),
-                  "tree_verify_attention: on CUDA, the fp8 overlap path (KDTREE_OPS_FP8_PATH=overlap) needs ", name,
-                  " row/head strides that are multiples of 16 bytes, got strides ", t.strides(),
-                  " (KDTREE_OPS_FP8_PATH=widen takes multiples of 8)");
+  if (overlap) {
     // Its draft scores are divided by k_scale before the score scale multiplies it back (tree_verify_fp8_scales.cuh).
     TORCH_CHECK(std::isfinite(k_scale) && k_scale != 0.0, "tree_verify_attention: on CUDA, the fp8 overlap path "
                 "(KDTREE_OPS_FP8_PATH=overlap) needs a finite, nonzero k_scale, got ", k_scale);
@@ -108,6 +118,7 @@ void tree_verify_attention_cuda(const TreeVerifyDims& d, const at::Tensor& q, co
   p.k_scale = static_cast<float>(k_scale);
   p.v_scale = static_cast<float>(v_scale);
   p.kv_fp8_e5m2 = k_cache.scalar_type() == at::ScalarType::Float8_e5m2;
+  p.fp8_overlap = overlap;
   // V read from the K tile is widened with k_scale on the widen path (the overlap path's T tiles hold the stored
   // values, either scale folded apart): with another v_scale the kernels load V rows of their own.
   p.cache_v_aliases_k = is_prefix_view(v_cache, k_cache) && (!fp8 || k_scale == v_scale);

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fp8_path.h"
 #include "launch_class.h"
 #include "tree_verify_params.h"
 
@@ -29,8 +30,9 @@ struct TreeVerifyFamily {
 const TreeVerifyFamily* find_tree_verify_family(int64_t head_dim_qk, int64_t head_dim_v, int64_t num_kv_heads);
 
 // "" when `family` may run on `device` over this cache kind (verified for the class the launch runs as, or the gate
-// lifted: verified_families.h); otherwise the reason, naming the family, the class and the cache.
-std::string tree_verify_unverified_reason(const TreeVerifyFamily& family, int device, bool fp8);
+// lifted: verified_families.h); otherwise the reason, naming the family, the class and the cache. `path`: the fp8
+// path the call takes (fp8 caches only).
+std::string tree_verify_unverified_reason(const TreeVerifyFamily& family, int device, bool fp8, Fp8Path path);
 
 // The head dims the CUDA kernels take, for messages.
 extern const char* const kTreeVerifyHeadDims;

@@ -222,8 +222,9 @@ auto visit_family_config(ArchClass cls, bool wgmma, bool narrow, bool bf16, bool
 template <class F>
 void launch_tree_verify_family(const TreeVerifyParams& p, const at::Tensor& q, bool fp8) {
   const ArchClass cls = launch_class(q.get_device());
+  const Fp8Path path = fp8 && p.fp8_overlap ? Fp8Path::kOverlap : Fp8Path::kWiden;  // tree_verify_attention.cu
   visit_family_config<F>(cls, use_wgmma(cls), use_narrow_wgmma(p.num_tokens, p.group, p.batch),
-                         q.scalar_type() == at::kBFloat16, fp8, fp8 ? fp8_path() : Fp8Path::kWiden,
+                         q.scalar_type() == at::kBFloat16, fp8, path,
                          [&](auto config) { launch_tree_verify<typename decltype(config)::type>(p, q, cls); });
 }
 

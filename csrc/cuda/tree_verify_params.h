@@ -38,6 +38,7 @@ struct TreeVerifyParams {
   // v_scale; e5m2 or e4m3 storage. Draft rows (k_draft/v_draft) are never scaled.
   float k_scale, v_scale;
   bool kv_fp8_e5m2;
+  bool fp8_overlap;  // fp8 caches: the overlap path (KDTREE_OPS_FP8_PATH=overlap and strides it takes), else widen
 
   // Configurations of the fp8 overlap path take both times k_scale (launch_tree_verify, tree_verify_fp8_scales.cuh).
   float scale_log2;  // sm_scale * log2(e): scores go straight into exp2
