@@ -1,11 +1,13 @@
-"""The GPU suite's `enginebench` part: `python -m kdtree_ops bench --engine` on the Llama-3-8B-shaped target at
-several drafter agreement levels (sglang_gpu/llama8b.py: attn_std sets how often the target follows its drafter),
-CUDA graphs on, over the triton base (the engine bundle's machine has no flashinfer or fa3).
+"""The GPU suite's `enginebench` part: `python -m kdtree_ops bench --engine` on a real-sized markov target (--model:
+the Llama-3-8B-shaped one, sglang_gpu/llama8b.py, or DeepSeek-V2-Lite's attention shape, sglang_gpu/mla_lite.py) at
+several drafter agreement levels (attn_std sets how often the target follows its drafter), CUDA graphs on, over the
+triton base (the engine bundle's machine has no flashinfer or fa3).
 
-    cd compile_tests && python -m sglang_gpu.engine_bench_gpu --out DIR [--attn-stds 0.024,0.030] [bench options]
+    cd compile_tests && python -m sglang_gpu.engine_bench_gpu --out DIR [--model mla_lite] [--attn-stds 0.024,0.030]
+        [bench options]
 
-Each level writes DIR/attn_std-<x>/ (engine_bench.json, engine_bench.md); options after the known ones go to the
-bench unchanged (e.g. --configs, --batch-sizes, --new-tokens).
+Each level writes DIR/[<model>-]attn_std-<x>/ (engine_bench.json, engine_bench.md; llama8b's without the model's
+name); options after the known ones go to the bench unchanged (e.g. --configs, --batch-sizes, --new-tokens).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ TESTS = Path(__file__).resolve().parents[1]
 if str(TESTS) not in sys.path:
     sys.path.insert(0, str(TESTS))
 
-from sglang_gpu import llama8b  # noqa: E402
+from sglang_gpu import llama8b, mla_lite  # noqa: E402
+
+MODELS = {"llama8b": llama8b, "mla_lite": mla_lite}
 
 CONFIGS = "none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree256,ddtree1023,ddtree64-budgets"
 # What the bench suggested from the H100 table of 2026-12-05 (examples/results/2026-12-05-enginebench): trees of 64
@@ -32,13 +36,18 @@ BUDGETS = "1:64,16:1"
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--attn-stds", default="0.024,0.030", help="agreement levels (CPU calibration: 0.024 ~ 89 %%, "
-                                                                "0.030 ~ 34 %% of positions follow the drafter)")
-    ap.add_argument("--models-root", default="/tmp/kdtree_engine_models/llama8b")
+    ap.add_argument("--model", choices=sorted(MODELS), default="llama8b")
+    ap.add_argument("--attn-stds", default=None, help="agreement levels (llama8b's CPU calibration: 0.024 ~ 89 %%, "
+                                                      "0.030 ~ 34 %% of positions follow the drafter; default "
+                                                      "0.024,0.030, mla_lite's its DEFAULT_ATTN_STD)")
+    ap.add_argument("--models-root", default="/tmp/kdtree_engine_models")
     args, bench_args = ap.parse_known_args()
+    module = MODELS[args.model]
+    stds = args.attn_stds or ("0.024,0.030" if args.model == "llama8b" else str(module.DEFAULT_ATTN_STD))
+    tag = "" if args.model == "llama8b" else f"{args.model}-"
     status = 0
-    for std in (float(s) for s in args.attn_stds.split(",")):
-        paths = llama8b.build(Path(args.models_root), attn_std=std)
+    for std in (float(s) for s in stds.split(",")):
+        paths = module.build(Path(args.models_root) / args.model, attn_std=std)
         engine = dict(paths["engine"], cuda_graph_max_bs_decode=32)
         words = paths["words"]
         cmd = [sys.executable, "-m", "kdtree_ops", "bench", "--engine", "--model-path", paths["target"],
@@ -46,7 +55,7 @@ def main() -> int:
                "--configs", CONFIGS, "--batch-sizes", "1,4,16,32", "--base-backend", "triton",
                "--vocab-range", f"{words.start},{words.stop}", "--engine-args", json.dumps(engine), "--profile",
                "--ddtree-budgets", BUDGETS,
-               "--out", str(Path(args.out) / f"attn_std-{std}"), *bench_args]
+               "--out", str(Path(args.out) / f"{tag}attn_std-{std}"), *bench_args]
         print(f"=== attn_std {std}: {' '.join(cmd)}", flush=True)
         status |= subprocess.run(cmd, env=dict(os.environ, SGLANG_GPU_STANDIN="1")).returncode
     return status

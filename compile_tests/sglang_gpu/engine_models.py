@@ -4,7 +4,8 @@
   draft (ddtree_models.eagle_draft: drafts f(token)) and DFlash draft (ddtree_models.dflash_draft);
 - `mla`: ddtree_models.markov_mla (DeepSeek-V3 attention, kv_lora_rank 512 + rope 64: the op's absorbed MLA family)
   with the same two drafts (same embeddings and lm_head);
-- `llama8b`: a Llama-3-8B-shaped target (sglang_gpu/llama8b.py), built on the device.
+- `llama8b`: a Llama-3-8B-shaped target (sglang_gpu/llama8b.py), built on the device;
+- `mla_lite`: a target of DeepSeek-V2-Lite's attention shape (sglang_gpu/mla_lite.py), built on the device.
 Engine settings: the models run side by side on one GPU (examples/gpu_suite.sh), so every engine's KV pool is
 capped by max_total_tokens, and mem_fraction_static is high only so that SGLang's start-up check (the memory its
 fraction leaves free must be free) passes while the other models' engines hold theirs.
@@ -14,6 +15,7 @@ and 54 % (mla) of positions.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
 from sglang_cpu import ddtree_models
@@ -26,12 +28,10 @@ def build(model: str, root: Path) -> dict:
         target = ddtree_models.markov_llama(folder / "target", head_dim=128)
     elif model == "mla":
         target = ddtree_models.markov_mla(folder / "target")
-    elif model == "llama8b":
-        from sglang_gpu import llama8b
-
-        return llama8b.build(folder)
+    elif model in ("llama8b", "mla_lite"):
+        return importlib.import_module(f"sglang_gpu.{model}").build(folder)
     else:
-        raise ValueError(f"unknown engine model {model!r} (tiny, mla, llama8b)")
+        raise ValueError(f"unknown engine model {model!r} (tiny, mla, llama8b, mla_lite)")
     return {"target": str(target), "eagle": str(ddtree_models.eagle_draft(folder / "eagle", target)),
             "dflash": str(ddtree_models.dflash_draft(folder / "dflash")),
             "words": range(ddtree_models.FIRST_WORD, ddtree_models.VOCAB),
