@@ -5,8 +5,9 @@ attention of the case into a buffer allocated by prepare and returns it (so it c
                  cache: the path KDTREE_OPS_FP8_PATH names, the widen path by default);
 - kdtree_fp8_overlap: the same op over an fp8 cache by the overlap path (KDTREE_OPS_FP8_PATH=overlap around each
                  call: the path is read at each call, so the captured graph holds that kernel), for the A/B of the two
-                 paths in one run; not yet verified on a GPU, so KDTREE_OPS_UNVERIFIED=1 around it too (the bench
-                 checks it against the float64 reference like every implementation); fp8 caches only;
+                 paths in one run; verified on sm_90a only, so KDTREE_OPS_UNVERIFIED=1 around it too for the emulated
+                 classes (the bench checks it against the float64 reference like every implementation); fp8 caches
+                 only;
 - sglang_triton: SGLang 0.5.23's Triton extend kernel with the tree custom mask, called as its Triton
                  backend calls it in TARGET_VERIFY:
                  `sglang.kernels.ops.attention.extend_attention.extend_attention_fwd(q_extend, k_extend,
