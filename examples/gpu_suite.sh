@@ -36,8 +36,8 @@
 #             to the first op call with an empty cache (it compiles for this GPU) and with its build cached; the wheel
 #             built from that build here (python -m kdtree_ops build --wheel: this machine's torch and Python, so it
 #             matches; a wheel from another torch would fall back to JIT) into RESULTS_DIR/wheel/dist, installed in a
-#             fresh venv (lent this Python's packages, offline, no compiler on PATH, an empty cache), its time to the first
-#             op call, and the CUDA numerics suites served by it (the cache must stay empty: nothing compiled)
+#             fresh venv (lent this Python's packages, offline, no compiler on PATH, an empty cache), its time to the
+#             first op call, and the CUDA numerics suites served by it (the cache must stay empty: nothing compiled)
 # Each part writes RESULTS_DIR/<part>/ and appends its stages to RESULTS_DIR/stages.tsv; every run rebuilds
 # RESULTS_DIR/summary.md from all the parts present, so the parts may run in separate calls of a lent machine (one
 # call of 10 minutes does not hold all three) into one results folder. KDTREE_OPS_UNVERIFIED=1 is set: the suite is
@@ -201,9 +201,9 @@ for part in "${parts[@]}"; do
     else
       printf 'native\tmemcheck\tnot-found\t-\t0\nnative\tracecheck\tnot-found\t-\t0\n' >> "$stages"
     fi
-    # The fp8 overlap path (issue 47; unverified: the tests lift the gate themselves): test_cuda_fp8 on both paths'
-    # overlap half, the gate cases of test_cuda_errors (refused without KDTREE_OPS_UNVERIFIED, run with it); memcheck
-    # and racecheck on the overlap calls of sanitize_case.py.
+    # The fp8 overlap path (issue 47; verified on sm_90a only, the tests lift the gate for the other classes):
+    # test_cuda_fp8's overlap half, the gate cases of test_cuda_errors (refused where its row is not verified, run with
+    # KDTREE_OPS_UNVERIFIED); memcheck and racecheck on the overlap calls of sanitize_case.py.
     stage native fp8_overlap 200 0 $py -m pytest compile_tests/test_cuda_fp8.py compile_tests/test_cuda_errors.py \
       -m cuda -k "fp8_overlap" -v \
       -p no:cacheprovider --durations=10 --junitxml="$out/native/pytest_cuda_fp8_overlap.xml"

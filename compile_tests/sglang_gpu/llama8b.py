@@ -38,9 +38,7 @@ def spec(layers: int = 32, hidden: int = 4096, heads: int = 32, kv_heads: int = 
                   rope_theta=500000.0, hidden_act="silu", tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
                   torch_dtype="bfloat16")
     shape = MarkovShape(hidden=hidden, vocab=vocab, embedded=embedded, draft_heads=draft_heads, draft_norm=0.5)
-    engine = dict(mem_fraction_static=0.8, cuda_graph_max_bs_decode=4, skip_tokenizer_init=True,
-                  max_total_tokens=65536)
-    return markov_targets.TargetSpec(shape=shape, layers=layers, config=config, layer_tensors=layer, engine=engine)
+    return markov_targets.TargetSpec(shape=shape, layers=layers, config=config, layer_tensors=layer)
 
 
 SPEC = spec()

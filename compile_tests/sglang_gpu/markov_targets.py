@@ -32,7 +32,10 @@ class TargetSpec:
     # One decoder layer's tensors: (prefix "model.layers.i.", a draw of N(0, attn_std) of a shape, bf16 ones, bf16
     # zeros) -> name -> tensor, the output projection's row `shape.unused_dim` zeroed.
     layer_tensors: Callable[[str, Callable, Callable, Callable], dict]
-    engine: dict        # sglang.Engine settings of the model
+
+
+# sglang.Engine settings of every target here (no tokenizer: the engines run with skip_tokenizer_init)
+ENGINE = dict(mem_fraction_static=0.8, cuda_graph_max_bs_decode=4, skip_tokenizer_init=True, max_total_tokens=65536)
 
 
 def head_tensors(spec: TargetSpec, seed: int, device) -> dict:
@@ -66,7 +69,7 @@ def layer_tensors(spec: TargetSpec, layer: int, seed: int, attn_std: float, devi
     return spec.layer_tensors(f"model.layers.{layer}.", rnd, ones, zeros)
 
 
-def write_target(spec: TargetSpec, folder: Path, seed: int = 0, attn_std: float = 0.024) -> Path:
+def write_target(spec: TargetSpec, folder: Path, attn_std: float, seed: int = 0) -> Path:
     """The target's checkpoint in `folder` (kept if a finished one is there)."""
     from safetensors.torch import save_file
 
@@ -127,9 +130,9 @@ def write_dflash_draft(spec: TargetSpec, folder: Path, seed: int = 0) -> Path:
 
 
 def build(spec: TargetSpec, folder: Path, attn_std: float) -> dict:
-    """engine_models.build's answer for a target of `spec` (no tokenizer: the engines run with
-    skip_tokenizer_init): the paths of the target and its drafts, the word ids prompts may use, engine settings."""
+    """engine_models.build's answer for a target of `spec`: the paths of the target and its drafts, the word ids
+    prompts may use, engine settings."""
     target = write_target(spec, folder / f"target-{attn_std}", attn_std=attn_std)
     return {"target": str(target), "eagle": str(write_eagle_draft(spec, folder / "eagle")),
             "dflash": str(write_dflash_draft(spec, folder / "dflash")), "words": spec.shape.words,
-            "engine": dict(spec.engine)}
+            "engine": dict(ENGINE)}

@@ -56,9 +56,7 @@ def spec(layers: int = 27, hidden: int = 2048, heads: int = 16, mlp: int = 10944
     config.update(moe_layer_freq=1, topk_method="noaux_tc", scoring_func="sigmoid", routed_scaling_factor=1.0,
                   norm_topk_prob=True, ep_size=1, num_nextn_predict_layers=0)
     shape = MarkovShape(hidden=hidden, vocab=vocab, embedded=embedded, draft_heads=draft_heads, draft_norm=0.5)
-    engine = dict(mem_fraction_static=0.8, cuda_graph_max_bs_decode=4, skip_tokenizer_init=True,
-                  max_total_tokens=65536)
-    return markov_targets.TargetSpec(shape=shape, layers=layers, config=config, layer_tensors=layer, engine=engine)
+    return markov_targets.TargetSpec(shape=shape, layers=layers, config=config, layer_tensors=layer)
 
 
 def build(folder: Path, attn_std: float = DEFAULT_ATTN_STD) -> dict:
