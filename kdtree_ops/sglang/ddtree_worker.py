@@ -55,6 +55,7 @@ from .ddtree_algorithm import ddtree_topk
 from .ddtree_budgets import budget_policy
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
+from .draft_graphs import DraftGraphs, capture_plan, draft_graphs_off_reason
 from .verify_metadata import prefix_kv
 
 logger = logging.getLogger(__name__)
@@ -168,6 +169,7 @@ class DDTreeWorker(BaseSpecWorker):
         self.policy = budget_policy(self.num_tree_tokens, self.topk, self.drafter.block_size)
         self._last_width = self.num_tree_tokens
         self.clock = PhaseClock(self.device)
+        self.draft_graphs = None  # init_cuda_graphs captures them
         _LIVE.append(weakref.ref(self))
         logger.info("DDTREE worker: trees of %d tokens (budget %d), top-%d of %d drafted positions, paths up to %d "
                     "drafts", self.num_tree_tokens, self.budget, self.topk, self.drafter.block_size - 1,
@@ -177,9 +179,13 @@ class DDTreeWorker(BaseSpecWorker):
         """The deepest path a tree of `width` tokens holds: its budget, or the drafter's drafted positions."""
         return min(self.drafter.block_size - 1, width - 1)
 
+    def width_for(self, batch_size: int) -> int:
+        """Tree tokens of a round of `batch_size` requests (KDTREE_DDTREE_BUDGETS, else the launch width)."""
+        return self.policy.width(batch_size) if self.policy is not None else self.num_tree_tokens
+
     def round_width(self, batch_size: int) -> int:
-        """Tree tokens of this round (KDTREE_DDTREE_BUDGETS, else the launch width); a change is logged."""
-        width = self.policy.width(batch_size) if self.policy is not None else self.num_tree_tokens
+        """width_for this round's batch; a change is logged."""
+        width = self.width_for(batch_size)
         if width != self._last_width:
             logger.info("DDTREE: batch of %d requests: trees of %d tokens%s", batch_size, width,
                         " (plain decode)" if width == 1 else "")
@@ -202,6 +208,21 @@ class DDTreeWorker(BaseSpecWorker):
             raise RuntimeError(f"DDTREE: SGLang sized the KV pool without the draft cache (the kdtree plugin's hook "
                                f"on {ddtree_memory.TARGET} did not run in this process; its log says why)")
         self.drafter.allocate_cache(num_slots=int(pool.size) + int(pool.page_size), budgeted_bytes_per_slot=budgeted)
+
+    def init_cuda_graphs(self):
+        """The draft step's CUDA graphs (draft_graphs.py), after the target's (the scheduler's order)."""
+        self.draft_graphs = None
+        why_not = draft_graphs_off_reason(self.device)
+        if why_not:
+            logger.info("DDTREE draft step runs eagerly: %s", why_not)
+            return
+        from sglang.srt.runtime_context import get_exec
+
+        most = int(self.req_to_token_pool.size)  # SGLang's decode runner clamps its sizes the same way
+        sizes = {min(int(b), most) for b in get_exec().graph.cuda_graph_config.decode.bs or []}
+        plan = capture_plan(sizes, self.width_for)
+        if plan:
+            self.draft_graphs = DraftGraphs(self.drafter, self.topk, self.req_to_token_pool.req_to_token, plan)
 
     # ---- one scheduler step ------------------------------------------------------------------------------
 
@@ -247,16 +268,24 @@ class DDTreeWorker(BaseSpecWorker):
         req_to_token = self.req_to_token_pool.req_to_token
         self.clock.start()
         # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
-        if n > 1:
-            kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
-            logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
-        else:  # plain decode: the root alone, nothing drafted
-            logprobs = torch.zeros((bs, 1, 1), dtype=torch.float32, device=self.device)
-            candidates = torch.zeros((bs, 1, 1), dtype=torch.int64, device=self.device)
-        self.clock.lap("draft")
-        # 2. the tree
-        tree_tokens, parents, depths, tree_mask = ddtree.build_tree(logprobs, candidates, bonus, n - 1)
-        self.clock.lap("build")
+        # 1-2. from the draft step's graph where one holds this batch (the clock then counts it as `draft`)
+        tree = None
+        if n > 1 and self.draft_graphs is not None:
+            tree = self.draft_graphs.run(bonus, prefix, batch.req_pool_indices, batch.seq_lens_cpu, n)
+        if tree is None:
+            if n > 1:
+                kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
+                logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
+            else:  # plain decode: the root alone, nothing drafted
+                logprobs = torch.zeros((bs, 1, 1), dtype=torch.float32, device=self.device)
+                candidates = torch.zeros((bs, 1, 1), dtype=torch.int64, device=self.device)
+            self.clock.lap("draft")
+            # 2. the tree
+            tree = ddtree.build_tree(logprobs, candidates, bonus, n - 1)
+            self.clock.lap("build")
+        else:
+            self.clock.lap("draft")
+        tree_tokens, parents, depths, tree_mask = tree
         # 3. verify
         positions = (prefix[:, None].to(torch.int64) + depths).reshape(-1)
         out_cache_loc = assign_extend_cache_locs_func(
