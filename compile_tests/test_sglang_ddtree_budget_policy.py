@@ -23,10 +23,10 @@ def test_each_batch_size_takes_the_largest_step_at_or_below_it():
     assert widths == {1: 64, 3: 64, 4: 64, 7: 64, 8: 16, 23: 16, 24: 1, 500: 1}  # below the first step: launch
 
 
-def test_the_log_line_names_each_range_and_how_it_runs():
+def test_the_log_line_names_each_range_and_its_width():
     assert parse_budgets("1:64,8:16,24:1", LAUNCH, TOPK, BLOCK).describe() == (
-        "1-7: 64 (CUDA graph); 8-23: 16 (eager: one verify width is captured); 24+: 1 (plain decode, no draft)")
-    assert parse_budgets("5:1", LAUNCH, TOPK, BLOCK).describe() == "1-4: 64 (CUDA graph); 5+: 1 (plain decode, no draft)"
+        "1-7: 64; 8-23: 16; 24+: 1 (plain decode, no draft)")
+    assert parse_budgets("5:1", LAUNCH, TOPK, BLOCK).describe() == "1-4: 64; 5+: 1 (plain decode, no draft)"
 
 
 def test_unset_or_empty_is_no_policy(monkeypatch):

@@ -218,8 +218,8 @@ def budgets(host, models):
 def test_widths_per_batch_size_down_to_plain_decode_equal_non_speculative(reference, budgets):
     assert budgets["ids"] == [ids[:n] for ids, n in zip(reference["ids"], BUDGET_LENGTHS)]
     log = budgets["log"]
-    assert ("DDTREE: tree tokens per batch size (KDTREE_DDTREE_BUDGETS): 1: 16 (CUDA graph); 2: 4 (eager: one verify "
-            "width is captured); 3+: 1 (plain decode, no draft)") in log
+    assert ("DDTREE: tree tokens per batch size (KDTREE_DDTREE_BUDGETS): 1: 16; 2: 4; 3+: 1 (plain decode, no draft)"
+            in log)
     changes = re.findall(r"DDTREE: batch of (\d+) requests: trees of (\d+) tokens", log)
     assert changes == [("4", "1"), ("2", "4"), ("1", "16")], changes
     # the request that finishes first saw plain rounds only (one token a verify); the last one, after the plain

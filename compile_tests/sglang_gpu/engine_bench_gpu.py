@@ -29,7 +29,7 @@ MODELS = {"llama8b": llama8b, "mla_lite": mla_lite}
 
 CONFIGS = "none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree256,ddtree1023,ddtree64-budgets"
 # What the bench suggested from the H100 table of 2026-12-05 (examples/results/2026-12-05-enginebench): trees of 64
-# tokens below 16 requests, plain decode from 16 (eager: one verify width is captured)
+# tokens below 16 requests, plain decode from 16 (its verify replays graphs of its own width: verify_widths.py)
 BUDGETS = "1:64,16:1"
 
 
@@ -41,6 +41,7 @@ def main() -> int:
                                                       "0.030 ~ 34 %% of positions follow the drafter; default "
                                                       "0.024,0.030, mla_lite's its DEFAULT_ATTN_STD)")
     ap.add_argument("--models-root", default="/tmp/kdtree_engine_models")
+    ap.add_argument("--no-profile", action="store_true", help="leave out the profiled reruns (a call's time)")
     args, bench_args = ap.parse_known_args()
     module = MODELS[args.model]
     stds = args.attn_stds or ("0.024,0.030" if args.model == "llama8b" else str(module.DEFAULT_ATTN_STD))
@@ -55,7 +56,7 @@ def main() -> int:
         cmd = [sys.executable, "-m", "kdtree_ops", "bench", "--engine", "--model-path", paths["target"],
                "--draft-model-path", paths["dflash"], "--eagle-draft-model-path", paths["eagle"],
                "--configs", CONFIGS, "--batch-sizes", "1,4,16,32", "--base-backend", "triton",
-               "--vocab-range", f"{words.start},{words.stop}", "--engine-args", json.dumps(engine), "--profile",
+               "--vocab-range", f"{words.start},{words.stop}", "--engine-args", json.dumps(engine), *([] if args.no_profile else ["--profile"]),
                "--ddtree-budgets", BUDGETS,
                "--out", str(Path(args.out) / f"{tag}attn_std-{std}"), *bench_args]
         print(f"=== attn_std {std}: {' '.join(cmd)}", flush=True)

@@ -11,8 +11,8 @@ drafts from a complete context). Every N is at most the launch width and, above 
 root-only tree accepts the target's own token.
 
 CUDA graphs: SGLang 0.5.23 captures one verify width (the launch width) and runs a batch of any other width eagerly
-(decode_cuda_graph_runner.can_run_graph's uniform-width rule), so every step narrower than the launch width runs
-without a graph; the bench's table times each width with its own graphs, so it bounds what such a step gains.
+(decode_cuda_graph_runner.can_run_graph's uniform-width rule); the worker captures the target's verify at each
+narrower width of the policy too (verify_widths.py), so every round replays where SGLang's decode graphs are on.
 """
 
 from __future__ import annotations
@@ -38,16 +38,14 @@ class BudgetPolicy:
         return chosen
 
     def describe(self) -> str:
-        """One line for the server log: each batch-size range, its width and how it runs."""
+        """One line for the server log: each batch-size range and its width."""
         bounds = [(1, self.launch_width)] if not self.steps or self.steps[0][0] > 1 else []
         bounds += list(self.steps)
         parts = []
         for i, (smallest, tokens) in enumerate(bounds):
             last = bounds[i + 1][0] - 1 if i + 1 < len(bounds) else None
             sizes = f"{smallest}+" if last is None else (f"{smallest}" if last == smallest else f"{smallest}-{last}")
-            how = ("plain decode, no draft" if tokens == 1 else "CUDA graph" if tokens == self.launch_width
-                   else "eager: one verify width is captured")
-            parts.append(f"{sizes}: {tokens} ({how})")
+            parts.append(f"{sizes}: {tokens}" + (" (plain decode, no draft)" if tokens == 1 else ""))
         return "; ".join(parts)
 
 
@@ -72,7 +70,7 @@ def parse_budgets(raw: str, launch_width: int, topk: int, block_size: int) -> Bu
             raise refuse(f"entry {entry!r}: batch sizes must ascend")
         if not 1 <= width <= launch_width:
             raise refuse(f"entry {entry!r}: TOKENS must be in [1, {launch_width}] (--speculative-num-draft-tokens "
-                         f"is the widest tree, the one CUDA graphs capture)")
+                         f"is the widest tree)")
         if width > 1:
             try:
                 check_node_budget(width, topk, block_size)

@@ -35,6 +35,7 @@ aborts them with its own message and the server goes on.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -57,6 +58,7 @@ from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
 from .draft_graphs import DraftGraphs, capture_plan, draft_graphs_off_reason
 from .verify_metadata import prefix_kv
+from .verify_widths import VerifyWidthGraphs, narrower_widths
 
 logger = logging.getLogger(__name__)
 
@@ -169,7 +171,7 @@ class DDTreeWorker(BaseSpecWorker):
         self.policy = budget_policy(self.num_tree_tokens, self.topk, self.drafter.block_size)
         self._last_width = self.num_tree_tokens
         self.clock = PhaseClock(self.device)
-        self.draft_graphs = None  # init_cuda_graphs captures them
+        self.draft_graphs = self.verify_widths = None  # init_cuda_graphs captures them
         _LIVE.append(weakref.ref(self))
         logger.info("DDTREE worker: trees of %d tokens (budget %d), top-%d of %d drafted positions, paths up to %d "
                     "drafts", self.num_tree_tokens, self.budget, self.topk, self.drafter.block_size - 1,
@@ -210,8 +212,14 @@ class DDTreeWorker(BaseSpecWorker):
         self.drafter.allocate_cache(num_slots=int(pool.size) + int(pool.page_size), budgeted_bytes_per_slot=budgeted)
 
     def init_cuda_graphs(self):
-        """The draft step's CUDA graphs (draft_graphs.py), after the target's (the scheduler's order)."""
-        self.draft_graphs = None
+        """After the target's graphs (the scheduler's order): the target's verify graphs of the budget policy's
+        narrower widths (verify_widths.py), and the draft step's (draft_graphs.py)."""
+        self.draft_graphs = self.verify_widths = None
+        sglang_runner = getattr(self.model_runner, "decode_cuda_graph_runner", None)
+        if self.policy is not None and sglang_runner is not None and torch.device(self.device).type == "cuda":
+            widths = narrower_widths(self.num_tree_tokens, max(sglang_runner.capture_bs), self.width_for)
+            if widths:
+                self.verify_widths = VerifyWidthGraphs(self.model_runner, widths)
         why_not = draft_graphs_off_reason(self.device)
         if why_not:
             logger.info("DDTREE draft step runs eagerly: %s", why_not)
@@ -295,8 +303,9 @@ class DDTreeWorker(BaseSpecWorker):
         batch.input_ids = tree_tokens.reshape(-1)
         batch.out_cache_loc = out_cache_loc
         batch.spec_info = DDTreeVerifyInput(tree_tokens, positions, tree_mask)
-        out = self._target_worker.forward_batch_generation(batch, is_verify=True,
-                                                           capture_hidden_mode=CaptureHiddenMode.FULL)
+        with self.verify_widths.serving(n) if self.verify_widths is not None else contextlib.nullcontext():
+            out = self._target_worker.forward_batch_generation(batch, is_verify=True,
+                                                               capture_hidden_mode=CaptureHiddenMode.FULL)
         logits_output = out.logits_output
         self.clock.lap("verify")
         # 4. the target's token after every node, and the accepted path
