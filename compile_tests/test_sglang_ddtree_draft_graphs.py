@@ -114,3 +114,64 @@ def test_a_batch_no_graph_holds_runs_eagerly():
 
 def test_a_cpu_worker_drafts_eagerly():
     assert draft_graphs_off_reason("cpu") == "cpu is not a CUDA device"
+
+
+class _SGLangRunner:
+    capture_bs = [1, 2, 4, 8]
+
+
+def _bare_worker(monkeypatch, budgets: str | None):
+    """A DDTreeWorker past its __init__ on a CUDA device, with SGLang's decode graphs captured at 1-8 requests."""
+    from types import SimpleNamespace
+
+    from kdtree_ops.sglang import ddtree_worker
+    from kdtree_ops.sglang.ddtree_budgets import parse_budgets
+
+    worker = ddtree_worker.DDTreeWorker.__new__(ddtree_worker.DDTreeWorker)
+    worker.device, worker.num_tree_tokens, worker.topk = torch.device("cuda"), 16, TOPK
+    worker.policy = parse_budgets(budgets, 16, TOPK, SlotDrafter.block_size) if budgets else None
+    worker.drafter = SlotDrafter()
+    worker.model_runner = SimpleNamespace(decode_cuda_graph_runner=_SGLangRunner())
+    worker.req_to_token_pool = SimpleNamespace(req_to_token=torch.zeros((4, 8), dtype=torch.int32))
+    monkeypatch.setattr(ddtree_worker, "draft_graphs_off_reason", lambda device: None)
+    captured = {}
+    monkeypatch.setattr(ddtree_worker, "VerifyWidthGraphs", lambda runner, widths: captured.setdefault("widths", widths))
+    monkeypatch.setattr(ddtree_worker, "DraftGraphs", lambda *args: captured.setdefault("plan", args[-1]))
+    return worker, captured
+
+
+def test_the_worker_captures_sglang_s_sizes_at_each_width_the_policy_gives_them(monkeypatch):
+    worker, captured = _bare_worker(monkeypatch, "1:16,2:4,8:1")
+    worker.init_cuda_graphs()
+    assert captured["widths"] == [1, 4]  # the verify at the narrower widths
+    # the draft step where a round drafts: size 8 serves batches of 5-7 (4 tokens) and 8 (plain decode, no draft)
+    assert captured["plan"] == [(1, 16), (2, 4), (4, 4), (8, 4)]
+    worker, captured = _bare_worker(monkeypatch, None)
+    worker.init_cuda_graphs()
+    assert worker.verify_widths is None and captured["plan"] == [(1, 16), (2, 16), (4, 16), (8, 16)]
+
+
+def test_a_failed_draft_capture_leaves_the_step_eager_and_says_so(monkeypatch, caplog):
+    from kdtree_ops.sglang import ddtree_worker
+
+    worker, _ = _bare_worker(monkeypatch, None)
+
+    def capture_fails(*args):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(ddtree_worker, "DraftGraphs", capture_fails)
+    with caplog.at_level("WARNING", logger=ddtree_worker.logger.name):
+        worker.init_cuda_graphs()
+    assert worker.draft_graphs is None
+    assert "its CUDA graph capture failed (RuntimeError: operation not permitted" in caplog.text
+
+
+def test_without_sglang_s_decode_graphs_every_round_runs_eagerly(monkeypatch, caplog):
+    from kdtree_ops.sglang import ddtree_worker
+
+    worker, captured = _bare_worker(monkeypatch, "1:16,2:4,8:1")
+    worker.model_runner.decode_cuda_graph_runner = None
+    with caplog.at_level("INFO", logger=ddtree_worker.logger.name):
+        worker.init_cuda_graphs()
+    assert captured == {} and worker.draft_graphs is None and worker.verify_widths is None
+    assert "SGLang captured no decode CUDA graphs" in caplog.text

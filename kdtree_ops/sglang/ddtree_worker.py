@@ -56,7 +56,7 @@ from .ddtree_algorithm import ddtree_topk
 from .ddtree_budgets import budget_policy
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
-from .draft_graphs import DraftGraphs, capture_plan, draft_graphs_off_reason
+from .draft_graphs import GRAPHS_ENV, DraftGraphs, capture_plan, draft_graphs_off_reason
 from .verify_metadata import prefix_kv
 from .verify_widths import VerifyWidthGraphs, narrower_widths
 
@@ -213,24 +213,26 @@ class DDTreeWorker(BaseSpecWorker):
 
     def init_cuda_graphs(self):
         """After the target's graphs (the scheduler's order): the target's verify graphs of the budget policy's
-        narrower widths (verify_widths.py), and the draft step's (draft_graphs.py)."""
+        narrower widths (verify_widths.py), and the draft step's (draft_graphs.py), for the batch sizes SGLang
+        captured."""
         self.draft_graphs = self.verify_widths = None
-        sglang_runner = getattr(self.model_runner, "decode_cuda_graph_runner", None)
-        if self.policy is not None and sglang_runner is not None and torch.device(self.device).type == "cuda":
-            widths = narrower_widths(self.num_tree_tokens, max(sglang_runner.capture_bs), self.width_for)
-            if widths:
-                self.verify_widths = VerifyWidthGraphs(self.model_runner, widths)
-        why_not = draft_graphs_off_reason(self.device)
-        if why_not:
-            logger.info("DDTREE draft step runs eagerly: %s", why_not)
+        sizes = list(getattr(getattr(self.model_runner, "decode_cuda_graph_runner", None), "capture_bs", None) or [])
+        if not sizes or torch.device(self.device).type != "cuda":
+            logger.info("DDTREE rounds run eagerly: SGLang captured no decode CUDA graphs")
             return
-        from sglang.srt.runtime_context import get_exec
-
-        most = int(self.req_to_token_pool.size)  # SGLang's decode runner clamps its sizes the same way
-        sizes = {min(int(b), most) for b in get_exec().graph.cuda_graph_config.decode.bs or []}
+        widths = narrower_widths(self.num_tree_tokens, max(sizes), self.width_for)
+        if widths:
+            self.verify_widths = VerifyWidthGraphs(self.model_runner, widths)
+        why_not = draft_graphs_off_reason(self.device)
         plan = capture_plan(sizes, self.width_for)
-        if plan:
+        if why_not or not plan:
+            logger.info("DDTREE draft step runs eagerly: %s", why_not or "no round drafts")
+            return
+        try:
             self.draft_graphs = DraftGraphs(self.drafter, self.topk, self.req_to_token_pool.req_to_token, plan)
+        except RuntimeError as exc:  # lossless either way: the eager step computes the same tree
+            logger.warning("DDTREE draft step runs eagerly: its CUDA graph capture failed (%s: %s); %s=0 skips "
+                           "the capture", type(exc).__name__, exc, GRAPHS_ENV)
 
     # ---- one scheduler step ------------------------------------------------------------------------------
 

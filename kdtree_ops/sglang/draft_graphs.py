@@ -12,7 +12,7 @@ the first b rows. The committed slots (`prefix_kv`) are gathered straight into t
 widest context a batch can hold. A batch larger than every captured size, or a width no graph holds, runs eagerly.
 
 Capture-safe by construction: no host sync, shapes from (batch size, width) only, the block mask of each size made
-before its capture. Graphs are off where SGLang's decode graphs are off, and under tensor parallelism (the head's
+before its capture. Graphs are off where SGLang captured no decode graphs, and under tensor parallelism (the head's
 top-k exchanges candidates across ranks outside SGLang's graph-capture context).
 """
 
@@ -32,16 +32,13 @@ GRAPHS_ENV = "KDTREE_DDTREE_DRAFT_GRAPHS"  # "0": the draft step runs eagerly (t
 
 
 def draft_graphs_off_reason(device) -> str | None:
-    """Why the draft step runs eagerly in this process, or None where it is captured."""
+    """Why the draft step runs eagerly in this process where SGLang's decode graphs are on, or None."""
     if torch.device(device).type != "cuda":
         return f"{torch.device(device).type} is not a CUDA device"
     if os.environ.get(GRAPHS_ENV, "1") == "0":
         return f"{GRAPHS_ENV}=0"
-    from sglang.srt.model_executor.cuda_graph_config import Backend
-    from sglang.srt.runtime_context import get_exec, get_parallel
+    from sglang.srt.runtime_context import get_parallel
 
-    if get_exec().graph.cuda_graph_config.decode.backend == Backend.DISABLED:
-        return "SGLang's decode CUDA graphs are off"
     if int(get_parallel().tp_size) > 1:
         return "tensor parallelism (the head's top-k exchanges candidates across ranks)"
     return None
