@@ -255,8 +255,7 @@ def markdown(records: list) -> str:
         lines.append(f"| {rec['config']} | " + " | ".join(cells) + " |")
     suggestion = suggested_budgets(records)
     if suggestion:
-        lines += ["", f"DDTREE by batch size from this table (the fastest row per size; widths below the launch "
-                      f"width run without CUDA graphs): {suggestion}"]
+        lines += ["", f"DDTREE by batch size from this table (the fastest row per size): {suggestion}"]
     profiled = [r for r in records if r["profiled"] and r.get("ok")]
     if profiled:
         columns = (*PHASES, "host", "other")
