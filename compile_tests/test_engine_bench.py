@@ -51,10 +51,10 @@ def test_configuration_names_are_the_launches_they_say():
     assert env == {"KDTREE_DDTREE_OVERLAP": "1", "KDTREE_DDTREE_BUDGETS": "1:64,16:1"}
     with pytest.raises(ValueError, match="--ddtree-budgets is needed"):
         engine_bench.engine_config("ddtree64-budgets", args)
-    engine, env = engine_bench.engine_config("ddtree64-eager-overlap", args)
-    assert env == {"KDTREE_DDTREE_OVERLAP": "1", "KDTREE_DDTREE_DRAFT_GRAPHS": "0", "KDTREE_BASE_BACKEND": "triton"}
+    engine, env = engine_bench.engine_config("ddtree64-graphs-overlap", args)
+    assert env == {"KDTREE_DDTREE_OVERLAP": "1", "KDTREE_DDTREE_DRAFT_GRAPHS": "1", "KDTREE_BASE_BACKEND": "triton"}
     assert "KDTREE_DDTREE_DRAFT_GRAPHS" not in engine_bench.engine_config("ddtree64-overlap", args)[1]
-    for bad in ("ddtree64-budgets-overlap", "ddtree64-overlap-eager", "dflash-eager", "dflash-budgets"):
+    for bad in ("ddtree64-budgets-overlap", "ddtree64-overlap-graphs", "dflash-graphs", "dflash-budgets"):
         with pytest.raises(ValueError, match=f"unknown configuration '{bad}'"):
             engine_bench.engine_config(bad, _args(ddtree_budgets="1:1"))
     with pytest.raises(ValueError, match="--eagle-draft-model-path"):

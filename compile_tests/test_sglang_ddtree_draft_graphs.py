@@ -116,6 +116,13 @@ def test_a_cpu_worker_drafts_eagerly():
     assert draft_graphs_off_reason("cpu") == "cpu is not a CUDA device"
 
 
+def test_the_graphs_are_opt_in(monkeypatch):
+    monkeypatch.delenv("KDTREE_DDTREE_DRAFT_GRAPHS", raising=False)
+    assert draft_graphs_off_reason("cuda") == "KDTREE_DDTREE_DRAFT_GRAPHS is not 1 (the graphs are opt-in)"
+    monkeypatch.setenv("KDTREE_DDTREE_DRAFT_GRAPHS", "0")
+    assert draft_graphs_off_reason("cuda") == "KDTREE_DDTREE_DRAFT_GRAPHS is not 1 (the graphs are opt-in)"
+
+
 class _SGLangRunner:
     capture_bs = [1, 2, 4, 8]
 

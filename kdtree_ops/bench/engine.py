@@ -12,8 +12,8 @@ time, and tokens per verify step from SGLang's `spec_verify_ct`. Configurations:
 - `none`: no speculation; `ngram`, `eagle`, `dflash`: SGLang's algorithm with its own verify (the base backend);
 - `ngram-kdtree`, `eagle-kdtree`, `dflash-kdtree`: the same with `--attention-backend kdtree` (verify by the op);
 - `ddtreeN`: DDTREE through kdtree with N tree tokens (the root and N - 1 drafts); `ddtreeN-overlap`: the same on
-  SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1); `ddtreeN-eager`: its drafter and tree build run eagerly
-  instead of replaying their CUDA graphs (KDTREE_DDTREE_DRAFT_GRAPHS=0); `ddtreeN[-eager][-overlap]-budgets`: with
+  SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1); `ddtreeN-graphs`: its drafter and tree build replay CUDA
+  graphs instead of running eagerly (KDTREE_DDTREE_DRAFT_GRAPHS=1); `ddtreeN[-graphs][-overlap]-budgets`: with
   the tree size per batch size of --ddtree-budgets (KDTREE_DDTREE_BUDGETS).
 The table ends with DDTREE's tree size per batch size that it suggests (KDTREE_DDTREE_BUDGETS, ddtree_budgets.py).
 With --profile, each DDTREE configuration runs again with KDTREE_DDTREE_PROFILE=1 (it synchronizes at each phase
@@ -70,9 +70,9 @@ def engine_config(name: str, args) -> tuple[dict, dict]:
     if name.startswith("ddtree") and name.endswith("-overlap"):
         env["KDTREE_DDTREE_OVERLAP"] = "1"
         name = name.removesuffix("-overlap")
-    if name.startswith("ddtree") and name.endswith("-eager"):
-        env["KDTREE_DDTREE_DRAFT_GRAPHS"] = "0"
-        name = name.removesuffix("-eager")
+    if name.startswith("ddtree") and name.endswith("-graphs"):
+        env["KDTREE_DDTREE_DRAFT_GRAPHS"] = "1"
+        name = name.removesuffix("-graphs")
     kdtree = name.endswith("-kdtree") or name.startswith("ddtree")
     algorithm = name.removesuffix("-kdtree")
     if kdtree:
@@ -99,7 +99,7 @@ def engine_config(name: str, args) -> tuple[dict, dict]:
                       speculative_draft_model_path=_need(args.draft_model_path, "--draft-model-path"))
     else:
         raise ValueError(f"--configs: unknown configuration {given!r} (none, ngram, eagle, dflash, each optionally "
-                         f"with -kdtree, or ddtreeN, optionally with -eager, -overlap, -budgets in that order)")
+                         f"with -kdtree, or ddtreeN, optionally with -graphs, -overlap, -budgets in that order)")
     engine.update(json.loads(args.engine_args))
     return engine, env
 
