@@ -231,8 +231,8 @@ class DDTreeWorker(BaseSpecWorker):
         try:
             self.draft_graphs = DraftGraphs(self.drafter, self.topk, self.req_to_token_pool.req_to_token, plan)
         except RuntimeError as exc:  # lossless either way: the eager step computes the same tree
-            logger.warning("DDTREE draft step runs eagerly: its CUDA graph capture failed (%s: %s); %s=0 skips "
-                           "the capture", type(exc).__name__, exc, GRAPHS_ENV)
+            logger.warning("DDTREE draft step runs eagerly: its CUDA graph capture failed (%s: %s); without %s=1 "
+                           "nothing is captured", type(exc).__name__, exc, GRAPHS_ENV)
 
     # ---- one scheduler step ------------------------------------------------------------------------------
 
