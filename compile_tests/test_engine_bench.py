@@ -147,3 +147,24 @@ def test_engine_bench_runs_on_the_cpu_engine(tmp_path):
     assert not eagle["ok"] and "no-such-draft" in eagle["error"] and run.returncode == 1
     table = (out / "engine_bench.md").read_text()
     assert "| ddtree16 |" in table and "| eagle-kdtree | failed:" in table and "DDTREE round time split" in table
+    assert 'data-config="ddtree16"' in (out / "engine_bench.svg").read_text()  # the chart beside the table
+
+
+def test_the_chart_draws_each_run_over_no_speculation_at_each_batch_size():
+    import xml.etree.ElementTree as ET
+
+    from kdtree_ops.bench.engine_plot import svg_chart
+
+    records = [_record("dflash", {1: 150.0, 32: 1500.0}), _record("none", {1: 100.0, 32: 3000.0}),
+               _record("ddtree64", {1: 250.0, 32: 900.0}), _record("ddtree64", {1: 1.0}, profiled=True),
+               _record("ddtree256", {1: 9999.0}, ok=False)]
+    svg = ET.fromstring(svg_chart(records, "t"))
+    bars = [e for e in svg.iter("{http://www.w3.org/2000/svg}rect") if e.get("class") == "bar"]
+    drawn = {(b.get("data-config"), int(b.get("data-batch"))): b for b in bars}
+    assert set(drawn) == {(c, b) for c in ("dflash", "none", "ddtree64") for b in (1, 32)}  # no profiled, no failed
+    height = {key: float(bar.get("height")) for key, bar in drawn.items()}
+    assert height[("ddtree64", 1)] / height[("none", 1)] == pytest.approx(2.5, rel=1e-2)
+    assert height[("dflash", 32)] / height[("none", 32)] == pytest.approx(0.5, rel=1e-2)
+    bottoms = {round(float(b.get("y")) + float(b.get("height")), 1) for b in bars}
+    assert len(bottoms) == 1  # every bar stands on the same axis
+    assert "tokens/s over none" in ET.tostring(svg, encoding="unicode")

@@ -20,7 +20,8 @@ With --profile, each DDTREE configuration runs again with KDTREE_DDTREE_PROFILE=
 boundary, so its tokens/s are not reported) for the round's time split: draft, tree build, verify, accept, commit,
 host (the scheduler's work between two decode rounds, also given in us a round) and other (the batch's prefill and
 the requests' way through the engine).
-Writes DIR/engine_bench.json (a line per configuration) and DIR/engine_bench.md.
+Writes DIR/engine_bench.json (a line per configuration), DIR/engine_bench.md and DIR/engine_bench.svg (tokens/s over
+no speculation's per batch size: engine_plot.py, which also redraws it from a committed JSON).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from .engine_plot import svg_chart
 
 PHASES = ("draft", "build", "verify", "accept", "commit")
 DEFAULT_CONFIGS = "none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree256,ddtree1023"
@@ -297,6 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         print("  " + ("; ".join(f"B={r['batch']}: {r['tokens_per_s']:.1f} tok/s" for r in record["rows"])
                       if record.get("ok") else "FAILED " + record["error"].splitlines()[0]), flush=True)
         (out / "engine_bench.md").write_text(markdown(records))
+        (out / "engine_bench.svg").write_text(svg_chart(records, f"End to end, {out.name}"))
     print((out / "engine_bench.md").read_text())
     return 0 if all(r.get("ok") for r in records) else 1
 
