@@ -59,7 +59,8 @@ def main() -> int:
         cmd = [sys.executable, "-m", "kdtree_ops", "bench", "--engine", "--model-path", paths["target"],
                "--draft-model-path", paths["dflash"], "--eagle-draft-model-path", paths["eagle"],
                "--configs", CONFIGS, "--batch-sizes", "1,4,16,32", "--base-backend", "triton",
-               "--vocab-range", f"{words.start},{words.stop}", "--engine-args", json.dumps(engine), *([] if args.no_profile else ["--profile"]),
+               "--vocab-range", f"{words.start},{words.stop}", "--engine-args", json.dumps(engine),
+               *([] if args.no_profile else ["--profile"]),
                "--ddtree-budgets", BUDGETS,
                "--out", str(Path(args.out) / f"{tag}attn_std-{std}"), *bench_args]
         print(f"=== attn_std {std}: {' '.join(cmd)}", flush=True)

@@ -67,15 +67,12 @@ def _parser() -> argparse.ArgumentParser:
 def engine_config(name: str, args) -> tuple[dict, dict]:
     """(sglang.Engine kwargs, environment) of a configuration name (module docstring)."""
     engine, env, given = dict(model_path=args.model_path), {}, name
-    if name.startswith("ddtree") and name.endswith("-budgets"):
-        env["KDTREE_DDTREE_BUDGETS"] = _need(args.ddtree_budgets, "--ddtree-budgets")
-        name = name.removesuffix("-budgets")
-    if name.startswith("ddtree") and name.endswith("-overlap"):
-        env["KDTREE_DDTREE_OVERLAP"] = "1"
-        name = name.removesuffix("-overlap")
-    if name.startswith("ddtree") and name.endswith("-graphs"):
-        env["KDTREE_DDTREE_DRAFT_GRAPHS"] = "1"
-        name = name.removesuffix("-graphs")
+    # DDTREE's suffixes, outermost first: ddtreeN[-graphs][-overlap][-budgets]
+    for suffix, variable in (("-budgets", "KDTREE_DDTREE_BUDGETS"), ("-overlap", "KDTREE_DDTREE_OVERLAP"),
+                             ("-graphs", "KDTREE_DDTREE_DRAFT_GRAPHS")):
+        if name.startswith("ddtree") and name.endswith(suffix):
+            env[variable] = _need(args.ddtree_budgets, "--ddtree-budgets") if suffix == "-budgets" else "1"
+            name = name.removesuffix(suffix)
     kdtree = name.endswith("-kdtree") or name.startswith("ddtree")
     algorithm = name.removesuffix("-kdtree")
     if kdtree:

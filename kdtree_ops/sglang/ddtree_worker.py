@@ -277,12 +277,12 @@ class DDTreeWorker(BaseSpecWorker):
             prefix.record_stream(torch.cuda.current_stream(prefix.device))
         req_to_token = self.req_to_token_pool.req_to_token
         self.clock.start()
-        # 1. draft over the committed slots (the host's bound on the lengths sizes the gather; no device read)
-        # 1-2. from the draft step's graph where one holds this batch (the clock then counts it as `draft`)
-        tree = None
-        if n > 1 and self.draft_graphs is not None:
-            tree = self.draft_graphs.run(bonus, prefix, batch.req_pool_indices, batch.seq_lens_cpu, n)
-        if tree is None:
+        # 1-2. the draft step's graph where one holds this batch (the clock counts draft and build as `draft`) ...
+        graphs = self.draft_graphs if n > 1 else None
+        tree = graphs.run(bonus, prefix, batch.req_pool_indices, batch.seq_lens_cpu, n) if graphs else None
+        if tree is not None:
+            self.clock.lap("draft")
+        else:  # ... else eagerly: draft over the committed slots (the host's bound on the lengths sizes the gather)
             if n > 1:
                 kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
                 logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
@@ -290,11 +290,8 @@ class DDTreeWorker(BaseSpecWorker):
                 logprobs = torch.zeros((bs, 1, 1), dtype=torch.float32, device=self.device)
                 candidates = torch.zeros((bs, 1, 1), dtype=torch.int64, device=self.device)
             self.clock.lap("draft")
-            # 2. the tree
             tree = ddtree.build_tree(logprobs, candidates, bonus, n - 1)
             self.clock.lap("build")
-        else:
-            self.clock.lap("draft")
         tree_tokens, parents, depths, tree_mask = tree
         # 3. verify
         positions = (prefix[:, None].to(torch.int64) + depths).reshape(-1)
