@@ -8,8 +8,8 @@ import json
 from pathlib import Path
 
 from sglang_gpu.engine_report import failures, merged, rank_mismatch, replay_proof, verdict, write_summary
-from sglang_gpu.engine_suite import (NEAR_TIE, configurations, cpu_loadable, first_differences, greedy_check, unscored,
-                                    visible_gpus)
+from sglang_gpu.engine_suite import (NEAR_TIE, PROMPT_LENS, configurations, cpu_loadable, first_differences,
+                                    greedy_check, unscored, visible_gpus)
 
 
 def _scored(tops: list) -> dict:
@@ -147,3 +147,18 @@ def test_visible_gpus_reads_cuda_visible_devices(monkeypatch):
     assert visible_gpus() == 2
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
     assert visible_gpus() == 1
+
+
+def test_graph_path_configurations_serve_the_suite_batch_at_the_intended_widths():
+    """-graphs must reach a narrower tree (draft graphs + the verify's width-16 graphs) and -plain plain decode
+    (width-1 verify graphs) at the suite's batch size; the B=1 warm-up runs the launch width."""
+    from kdtree_ops.sglang.ddtree_budgets import parse_budgets
+
+    configs = {name: (engine, env) for name, engine, env, _ in configurations({"eagle": "e", "dflash": "d"})}
+    for name, draft_graphs, width in (("ddtree64-graphs", "1", 16), ("ddtree64-plain", None, 1)):
+        engine, env = configs[name]
+        policy = parse_budgets(env["KDTREE_DDTREE_BUDGETS"], engine["speculative_num_draft_tokens"], 8, 16)
+        assert policy.width(len(PROMPT_LENS)) == width, name
+        assert policy.width(1) == engine["speculative_num_draft_tokens"] == 64, name
+        assert env.get("KDTREE_DDTREE_DRAFT_GRAPHS") == draft_graphs, name
+        assert engine["attention_backend"] == "kdtree", name

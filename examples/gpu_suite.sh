@@ -22,7 +22,8 @@
 #             examples/ncu_profile.py). Run it first where a call holds one part: it is the
 #             only part no test replaces
 #   engine    real sglang.Engines, CUDA graphs on, bf16, through kdtree over the triton base (compile_tests/sglang_gpu/
-#             engine_suite.py): no speculation, NGRAM, EAGLE topk 4, DFLASH, DDTREE at budgets 16-1023, torch.compile,
+#             engine_suite.py): no speculation, NGRAM, EAGLE topk 4, DFLASH, DDTREE at budgets 16-1023, its draft
+#             graphs and narrower verify graphs (ddtree64-graphs, -plain), torch.compile,
 #             the overlap scheduler (ddtree64-overlap), seeded sampling, per model (KDTREE_ENGINE_MODELS, default
 #             tiny,mla,llama8b; KDTREE_ENGINE_ONLY: a regex of model/config names); where two GPUs are visible also
 #             tp_size=2 (NCCL, multicast off): no speculation, NGRAM, EAGLE topk 4, DDTREE 16 and 64 (`*-tp2`, e.g.
