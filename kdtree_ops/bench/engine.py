@@ -5,10 +5,10 @@
         [--batch-sizes 1,4,16,32] [--new-tokens 128] [--base-backend triton] [--engine-args JSON] [--out DIR]
 
 Each configuration runs in a fresh process (SGLang keeps one Engine a process, and a crashed engine must not take
-the others down) with CUDA graphs on (SGLang's default) unless --engine-args says otherwise. Per batch size B: one
-warm-up batch, then B greedy requests of random prompts (ids from --vocab-range; the same prompts for every
-configuration) generating --new-tokens each with ignore_eos; tokens/s = the batch's completion tokens over its wall
-time, and tokens per verify step from SGLang's `spec_verify_ct`. Configurations:
+the others down) with CUDA graphs on (SGLang's default) unless --engine-args says otherwise. Per batch size B: the
+timed batch run once untimed as its warm-up, then B greedy requests of random prompts (ids from --vocab-range; the
+same prompts for every configuration) generating --new-tokens each with ignore_eos; tokens/s = the batch's
+completion tokens over its wall time, and tokens per verify step from SGLang's `spec_verify_ct`. Configurations:
 - `none`: no speculation; `ngram`, `eagle`, `dflash`: SGLang's algorithm with its own verify (the base backend);
 - `ngram-kdtree`, `eagle-kdtree`, `dflash-kdtree`: the same with `--attention-backend kdtree` (verify by the op);
 - `ddtreeN`: DDTREE through kdtree with N tree tokens (the root and N - 1 drafts); `ddtreeN-overlap`: the same on
@@ -138,7 +138,10 @@ def run_child(spec_path: str, out_path: str) -> None:
         engine.generate(input_ids=spec["prompts"][:1], sampling_params=dict(params, max_new_tokens=8))
         for b in spec["batch_sizes"]:
             batch = spec["prompts"][:b]
-            engine.generate(input_ids=batch, sampling_params=dict(params, max_new_tokens=4))  # this size's warm-up
+            # this size's warm-up: the timed batch itself (same prompts, greedy), so every kernel variant its rounds
+            # meet (Triton specializes on lengths) is compiled before the clock starts; a first engine on a machine
+            # otherwise pays those compiles inside its timed batch (1.6x slower at B=32 on the H200)
+            engine.generate(input_ids=batch, sampling_params=params)
             before = ddtree_stats()
             t0 = time.perf_counter()
             outs = engine.generate(input_ids=batch, sampling_params=params)
