@@ -138,12 +138,15 @@ def _bare_worker(monkeypatch, budgets: str | None):
     worker.device, worker.num_tree_tokens, worker.topk = torch.device("cuda"), 16, TOPK
     worker.policy = parse_budgets(budgets, 16, TOPK, SlotDrafter.block_size) if budgets else None
     worker.drafter = SlotDrafter()
-    worker.model_runner = SimpleNamespace(decode_cuda_graph_runner=_SGLangRunner())
+    worker.drafter.target_hidden_width = 12
+    worker.model_runner = SimpleNamespace(decode_cuda_graph_runner=_SGLangRunner(), dtype=torch.bfloat16)
     worker.req_to_token_pool = SimpleNamespace(req_to_token=torch.zeros((4, 8), dtype=torch.int32))
     monkeypatch.setattr(ddtree_worker, "draft_graphs_off_reason", lambda device: None)
     captured = {}
     monkeypatch.setattr(ddtree_worker, "VerifyWidthGraphs", lambda runner, widths: captured.setdefault("widths", widths))
     monkeypatch.setattr(ddtree_worker, "DraftGraphs", lambda *args: captured.setdefault("plan", args[-1]))
+    monkeypatch.setattr(ddtree_worker, "CommitGraphs", lambda drafter, rows, width, dtype, device:
+                        captured.setdefault("rows", (rows, width, dtype)))
     return worker, captured
 
 
@@ -153,9 +156,12 @@ def test_the_worker_captures_sglang_s_sizes_at_each_width_the_policy_gives_them(
     assert captured["widths"] == [1, 4]  # the verify at the narrower widths
     # the draft step where a round drafts: size 8 serves batches of 5-7 (4 tokens) and 8 (plain decode, no draft)
     assert captured["plan"] == [(1, 16), (2, 4), (4, 4), (8, 4)]
+    # the drafter's K/V writes: depth + 1 rows a request (drafted positions: 4), one in plain decode (size 8: 8 rows)
+    assert captured["rows"] == ([5, 8, 16, 32], 12, torch.bfloat16)
     worker, captured = _bare_worker(monkeypatch, None)
     worker.init_cuda_graphs()
     assert worker.verify_widths is None and captured["plan"] == [(1, 16), (2, 16), (4, 16), (8, 16)]
+    assert captured["rows"][0] == [5, 10, 20, 40]
 
 
 def test_a_failed_draft_capture_leaves_the_step_eager_and_says_so(monkeypatch, caplog):
@@ -169,8 +175,8 @@ def test_a_failed_draft_capture_leaves_the_step_eager_and_says_so(monkeypatch, c
     monkeypatch.setattr(ddtree_worker, "DraftGraphs", capture_fails)
     with caplog.at_level("WARNING", logger=ddtree_worker.logger.name):
         worker.init_cuda_graphs()
-    assert worker.draft_graphs is None
-    assert "its CUDA graph capture failed (RuntimeError: operation not permitted" in caplog.text
+    assert worker.draft_graphs is None and worker.commit_graphs is None
+    assert "their CUDA graph capture failed (RuntimeError: operation not permitted" in caplog.text
 
 
 def test_without_sglang_s_decode_graphs_every_round_runs_eagerly(monkeypatch, caplog):

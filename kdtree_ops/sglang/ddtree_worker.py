@@ -56,6 +56,7 @@ from .ddtree_algorithm import ddtree_topk
 from .ddtree_budgets import budget_policy
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
+from .commit_graphs import CommitGraphs, commit_rows_plan
 from .draft_graphs import GRAPHS_ENV, DraftGraphs, capture_plan, draft_graphs_off_reason
 from .verify_metadata import prefix_kv
 from .verify_widths import VerifyWidthGraphs, narrower_widths
@@ -171,7 +172,7 @@ class DDTreeWorker(BaseSpecWorker):
         self.policy = budget_policy(self.num_tree_tokens, self.topk, self.drafter.block_size)
         self._last_width = self.num_tree_tokens
         self.clock = PhaseClock(self.device)
-        self.draft_graphs = self.verify_widths = None  # init_cuda_graphs captures them
+        self.draft_graphs = self.commit_graphs = self.verify_widths = None  # init_cuda_graphs captures them
         _LIVE.append(weakref.ref(self))
         logger.info("DDTREE worker: trees of %d tokens (budget %d), top-%d of %d drafted positions, paths up to %d "
                     "drafts", self.num_tree_tokens, self.budget, self.topk, self.drafter.block_size - 1,
@@ -213,9 +214,9 @@ class DDTreeWorker(BaseSpecWorker):
 
     def init_cuda_graphs(self):
         """After the target's graphs (the scheduler's order): the target's verify graphs of the budget policy's
-        narrower widths (verify_widths.py), and the draft step's (draft_graphs.py), for the batch sizes SGLang
-        captured."""
-        self.draft_graphs = self.verify_widths = None
+        narrower widths (verify_widths.py), the draft step's (draft_graphs.py) and the drafter's K/V writes
+        (commit_graphs.py), for the batch sizes SGLang captured."""
+        self.draft_graphs = self.commit_graphs = self.verify_widths = None
         sizes = list(getattr(getattr(self.model_runner, "decode_cuda_graph_runner", None), "capture_bs", None) or [])
         if not sizes or torch.device(self.device).type != "cuda":
             logger.info("DDTREE rounds run eagerly: SGLang captured no decode CUDA graphs")
@@ -224,15 +225,19 @@ class DDTreeWorker(BaseSpecWorker):
         if widths:
             self.verify_widths = VerifyWidthGraphs(self.model_runner, widths)
         why_not = draft_graphs_off_reason(self.device)
-        plan = capture_plan(sizes, self.width_for)
-        if why_not or not plan:
-            logger.info("DDTREE draft step runs eagerly: %s", why_not or "no round drafts")
+        if why_not:
+            logger.info("DDTREE draft step and drafter K/V writes run eagerly: %s", why_not)
             return
+        plan = capture_plan(sizes, self.width_for)
         try:
-            self.draft_graphs = DraftGraphs(self.drafter, self.topk, self.req_to_token_pool.req_to_token, plan)
-        except RuntimeError as exc:  # lossless either way: the eager step computes the same tree
-            logger.warning("DDTREE draft step runs eagerly: its CUDA graph capture failed (%s: %s); without %s=1 "
-                           "nothing is captured", type(exc).__name__, exc, GRAPHS_ENV)
+            if plan:  # else no round drafts
+                self.draft_graphs = DraftGraphs(self.drafter, self.topk, self.req_to_token_pool.req_to_token, plan)
+            self.commit_graphs = CommitGraphs(self.drafter, commit_rows_plan(sizes, self.width_for, self.max_depth),
+                                              self.drafter.target_hidden_width, self.model_runner.dtype, self.device)
+        except RuntimeError as exc:  # lossless either way: the eager steps compute the same tree and K/V
+            self.draft_graphs = self.commit_graphs = None
+            logger.warning("DDTREE draft step and drafter K/V writes run eagerly: their CUDA graph capture failed "
+                           "(%s: %s); without %s=1 nothing is captured", type(exc).__name__, exc, GRAPHS_ENV)
 
     # ---- one scheduler step ------------------------------------------------------------------------------
 
@@ -331,9 +336,10 @@ class DDTreeWorker(BaseSpecWorker):
                                     accepted, node_slots, dest)
         rows = (torch.arange(bs, device=self.device)[:, None] * n + accepted.clamp_min(0)).reshape(-1)
         depth = torch.arange(max_depth + 1, device=self.device)
-        self.drafter.materialize(logits_output.hidden_states[rows],
-                                 (prefix[:, None].to(torch.int64) + depth).reshape(-1),
-                                 torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1))
+        draft_kv = (logits_output.hidden_states[rows], (prefix[:, None].to(torch.int64) + depth).reshape(-1),
+                    torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1))
+        if self.commit_graphs is None or not self.commit_graphs.run(*draft_kv):
+            self.drafter.materialize(*draft_kv)
         logits_output.hidden_states = None
         # 6. the accepted drafts then the bonus token, D + 1 per request
         emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens)

@@ -129,6 +129,8 @@ class DFlashDrafter:
         self.embed_scale = float(target_model.get_dflash_noise_embedding_scale()) \
             if hasattr(target_model, "get_dflash_noise_embedding_scale") else 1.0
         self.vocab_size = int(target_model.config.vocab_size)
+        # materialize's input: the captured target layers' hidden states, concatenated
+        self.target_hidden_width = len(self.target_layer_ids) * int(target_model.config.hidden_size)
         self.lm_head_weight = target_model.lm_head.weight  # this rank's rows under TP (vocab_topk.py)
         self.vocab = vocab_shard(target_model.lm_head, self.vocab_size)
         attn = self.model.layers[0].self_attn

@@ -1,0 +1,83 @@
+"""CUDA graphs of the drafter's K/V writes in DDTREE's commit: `DFlashDrafter.materialize` (the projection of the
+target's hidden states, then per draft layer its K/V projection, norm, rotary and the cache write), one graph per
+row count, replayed in place of its ~8 eager launches a draft layer.
+
+Every round ends by writing the drafter's K/V of the positions it committed: max_depth + 1 rows a request (one in a
+plain-decode round). Eagerly that is a fixed run of small launches whatever the batch; on an H200 the commit phase
+took 1.4 ms of a 14 ms plain-decode round at 32 requests (examples/results/2026-12-06-b32-split), about as much as the
+work itself at that size is worth. Captured at start-up (`DDTreeWorker.init_cuda_graphs`) for row counts b * (depth
++ 1) over SGLang's decode batch sizes b and the depths of the widths the budget policy gives them; a round of R rows
+replays the smallest captured count >= R: its rows are copied into static buffers, the rows past R write the
+drafter's scratch slot (never read). More rows than every capture run eagerly.
+
+Capture-safe by construction (no host sync; shapes from the row count only). Under the same switch as the draft
+step's graphs (draft_graphs.py: KDTREE_DDTREE_DRAFT_GRAPHS).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def commit_rows_plan(batch_sizes, width_for, max_depth) -> list[int]:
+    """Row counts to capture: size * (max_depth(width) + 1) for each size and each width `width_for(b)` gives a
+    batch b it serves (those above the next smaller size, up to itself); plain decode (width 1) is one row."""
+    rows, below = set(), 0
+    for size in sorted(set(int(b) for b in batch_sizes)):
+        rows |= {size * (max_depth(width_for(b)) + 1) for b in range(below + 1, size + 1)}
+        below = size
+    return sorted(rows)
+
+
+class CommitGraphs:
+    """The captured drafter K/V writes of one worker (module docstring)."""
+
+    def __init__(self, drafter, row_counts: list[int], hidden_width: int, dtype: torch.dtype, device):
+        self.drafter = drafter
+        self.row_counts = sorted(set(row_counts))
+        most = self.row_counts[-1]
+        self.hidden = torch.zeros((most, hidden_width), dtype=dtype, device=device)
+        self.positions = torch.zeros(most, dtype=torch.int64, device=device)
+        self.slots = torch.full((most,), drafter.scratch_slot, dtype=torch.int64, device=device)
+        self.memory_pool = None
+        self.graphs = {rows: self._capture(rows) for rows in reversed(self.row_counts)}  # largest first: one pool
+        logger.info("DDTREE commit CUDA graphs: %d captured (rows %s)", len(self.graphs), self.row_counts)
+
+    def _write(self, rows: int) -> None:
+        self.drafter.materialize(self.hidden[:rows], self.positions[:rows], self.slots[:rows])
+
+    def _capture(self, rows: int):
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):  # warm-up outside capture: lazy initialisation, library handles
+            self._write(rows)
+        torch.cuda.current_stream().wait_stream(stream)
+        if self.memory_pool is None:
+            self.memory_pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self.memory_pool, stream=stream):
+            self._write(rows)
+        return graph
+
+    def padded_rows(self, rows: int) -> int | None:
+        return next((count for count in self.row_counts if count >= rows), None)
+
+    def run(self, target_hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> bool:
+        """materialize(target_hidden, positions, slots) from a graph; False where none holds that many rows (the
+        caller writes eagerly)."""
+        rows = target_hidden.shape[0]
+        padded = self.padded_rows(rows)
+        if padded is None:
+            return False
+        self.hidden[:rows].copy_(target_hidden)
+        self.positions[:rows].copy_(positions)
+        self.slots[:rows].copy_(slots)
+        if padded > rows:  # the replay's extra rows: to the scratch slot, whatever their hidden states
+            self.positions[rows:padded].zero_()
+            self.slots[rows:padded].fill_(self.drafter.scratch_slot)
+        self.graphs[padded].replay()
+        return True
