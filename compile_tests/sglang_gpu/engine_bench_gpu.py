@@ -27,8 +27,8 @@ from sglang_gpu import llama8b, mla_lite  # noqa: E402
 
 MODELS = {"llama8b": llama8b, "mla_lite": mla_lite}
 
-# -graphs (KDTREE_DDTREE_DRAFT_GRAPHS=1) and -overlap rows side by side with the eager synchronous one: the draft
-# graphs lost 36 % at B=32 synchronously on the H200 (examples/results/2026-12-06-draft-graphs), cause not measured
+# -graphs (KDTREE_DDTREE_DRAFT_GRAPHS=1) and -overlap rows side by side with the eager synchronous one (the graphs
+# are opt-in until the engine suite's greedy check has run them)
 CONFIGS = ("none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree64-graphs,ddtree64-overlap,ddtree64-graphs-overlap,"
            "ddtree256,ddtree1023,ddtree64-graphs-overlap-budgets")
 # What the bench suggested from the H100 table of 2026-12-05 (examples/results/2026-12-05-enginebench): trees of 64

@@ -28,8 +28,8 @@ from .verify_metadata import prefix_kv
 
 logger = logging.getLogger(__name__)
 
-# Opt-in ("1"): on an H200 (examples/results/2026-12-06-draft-graphs) the graphs gained 2.6 % at one request and
-# lost 36 % at 32 on the synchronous scheduler, for a cause not yet measured; the eager step is the default.
+# Opt-in ("1") until the GPU engine suite's greedy check has run the graphs (its ddtree64-graphs). On an H200 the
+# replayed step took 1.97 ms a round at 32 requests against the eager 4.32 (examples/results/2026-12-06-b32-split).
 GRAPHS_ENV = "KDTREE_DDTREE_DRAFT_GRAPHS"
 
 
