@@ -108,6 +108,22 @@ def test_the_suggested_budgets_take_the_fastest_row_per_batch_size():
     assert "KDTREE_DDTREE_BUDGETS=1:64,16:16,32:1" in engine_bench.markdown(records)
 
 
+def test_the_suggestion_takes_one_variant_s_rows_and_names_its_settings():
+    none = _record("none", {1: 100.0, 32: 3000.0})
+    sync = [_record("ddtree64", {1: 180.0, 32: 1000.0}), _record("ddtree8", {1: 150.0, 32: 2000.0})]
+    overlap = [_record("ddtree64-graphs-overlap", {1: 250.0, 32: 1500.0}),
+               _record("ddtree8-graphs-overlap", {1: 200.0, 32: 3600.0})]
+    # the overlap variant wins at both sizes: its widths, with its settings; its -budgets row is not a width
+    records = [none, *sync, *overlap, _record("ddtree64-graphs-overlap-budgets", {1: 9999.0, 32: 9999.0})]
+    assert engine_bench.suggested_budgets(records) == (
+        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,32:8 "
+        "KDTREE_DDTREE_DRAFT_GRAPHS=1 KDTREE_DDTREE_OVERLAP=1")
+    # a variant short of a batch size is not comparable: the synchronous rows decide (plain decode at 32)
+    overlap[1]["rows"] = overlap[1]["rows"][:1]
+    overlap[0]["rows"] = overlap[0]["rows"][:1]
+    assert engine_bench.suggested_budgets(records).endswith("64 with KDTREE_DDTREE_BUDGETS=1:64,32:1")
+
+
 def test_engine_bench_runs_on_the_cpu_engine(tmp_path):
     target = ddtree_models.markov_llama(tmp_path / "target")
     draft = ddtree_models.dflash_draft(tmp_path / "draft")

@@ -217,28 +217,57 @@ def host_us_per_round(ddtree: dict | None) -> float | None:
     return 1e6 * ddtree["seconds"].get("host", 0.0) / ddtree["host_gaps"]
 
 
+# The settings each DDTREE suffix stands for, as a suggestion names them (engine_config sets them)
+_VARIANT_ENV = (("-graphs", "KDTREE_DDTREE_DRAFT_GRAPHS=1"), ("-overlap", "KDTREE_DDTREE_OVERLAP=1"))
+
+
+def _ddtree_row(name: str) -> tuple[int, str] | None:
+    """(width, variant suffix) of a ddtreeN[-graphs][-overlap] configuration; None for others and -budgets rows."""
+    if not name.startswith("ddtree") or name.endswith("-budgets"):
+        return None
+    width, _, variant = name[6:].partition("-")
+    return (int(width), f"-{variant}" if variant else "") if width.isdigit() else None
+
+
 def suggested_budgets(records: list) -> str | None:
     """DDTREE's launch from the table (ddtree_budgets.py): per batch size the fastest of no speculation (1 token,
-    plain decode) and the ddtreeN rows, as `--speculative-num-draft-tokens N` and a KDTREE_DDTREE_BUDGETS value;
-    None without a DDTREE row. Each row ran with its own width's graphs: in the suggested launch only the widest
-    width replays a graph (SGLang captures one), so the table bounds what a narrower step gains."""
-    widths = {"none": 1}
-    widths.update({r["config"]: int(r["config"][6:]) for r in records
-                   if r["config"].startswith("ddtree") and r["config"][6:].isdigit()})
-    rows = {}  # batch size -> [(tokens/s, width)]
+    plain decode) and the ddtreeN rows of one variant (the scheduler and draft graphs: ddtreeN, ddtreeN-overlap,
+    ...), as `--speculative-num-draft-tokens N` with a KDTREE_DDTREE_BUDGETS value and the variant's settings; the
+    variant whose choices sum to the most tokens/s over no speculation's (or, without that row, over the fastest
+    row's) across the batch sizes, among those with a row at every size measured. None without such a row."""
+    rows: dict[str, dict[int, list]] = {}  # variant -> batch size -> [(tokens/s, width)]
+    plain: dict[int, float] = {}  # batch size -> no speculation's tokens/s
+    fastest: dict[int, float] = {}
     for rec in records:
-        if rec.get("ok") and not rec["profiled"] and rec["config"] in widths:
-            for row in rec["rows"]:
-                rows.setdefault(row["batch"], []).append((row["tokens_per_s"], widths[rec["config"]]))
-    if len(widths) == 1 or not rows:
+        row = (1, None) if rec["config"] == "none" else _ddtree_row(rec["config"])
+        if not rec.get("ok") or rec["profiled"] or row is None:
+            continue
+        width, variant = row
+        for r in rec["rows"]:
+            fastest[r["batch"]] = max(fastest.get(r["batch"], 0.0), r["tokens_per_s"])
+            if variant is None:
+                plain[r["batch"]] = r["tokens_per_s"]
+            else:
+                rows.setdefault(variant, {}).setdefault(r["batch"], []).append((r["tokens_per_s"], width))
+    sizes = sorted(fastest)
+    choices = {}  # variant -> (score, [(batch size, width)])
+    for variant, by_size in rows.items():
+        if set(by_size) != set(sizes):
+            continue
+        best = [max(by_size[b] + ([(plain[b], 1)] if b in plain else [])) for b in sizes]
+        score = sum(speed / plain.get(b, fastest[b]) for b, (speed, _) in zip(sizes, best))
+        choices[variant] = (score, [(b, width) for b, (_, width) in zip(sizes, best)])
+    if not choices:
         return None
-    best = [(b, max(rows[b])[1]) for b in sorted(rows)]
+    variant = max(choices, key=lambda v: choices[v][0])
+    best = choices[variant][1]
     launch = max(width for _, width in best)
     if launch == 1:
         return "no speculation: every DDTREE row is slower than plain decode at every batch size measured"
     steps = [(b, w) for i, (b, w) in enumerate(best) if i == 0 or w != best[i - 1][1]]
+    settings = "".join(f" {env}" for suffix, env in _VARIANT_ENV if suffix in variant)
     return (f"--speculative-num-draft-tokens {launch} with KDTREE_DDTREE_BUDGETS="
-            + ",".join(f"{b}:{w}" for b, w in steps))
+            + ",".join(f"{b}:{w}" for b, w in steps) + settings)
 
 
 def markdown(records: list) -> str:
@@ -258,7 +287,8 @@ def markdown(records: list) -> str:
         lines.append(f"| {rec['config']} | " + " | ".join(cells) + " |")
     suggestion = suggested_budgets(records)
     if suggestion:
-        lines += ["", f"DDTREE by batch size from this table (the fastest row per size): {suggestion}"]
+        lines += ["", "DDTREE by batch size from this table (per size the fastest of one variant's rows): "
+                  + suggestion]
     profiled = [r for r in records if r["profiled"] and r.get("ok")]
     if profiled:
         columns = (*PHASES, "host", "other")
