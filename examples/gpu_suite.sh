@@ -31,8 +31,8 @@
 #             shared/gpu: a call of its own
 #   enginebench  python -m kdtree_ops bench --engine on the Llama-3-8B-shaped target at two drafter agreement levels
 #             (compile_tests/sglang_gpu/engine_bench_gpu.py; KDTREE_ENGINEBENCH_ARGS: more bench options): tokens/s at
-#             batch 1-32 for no speculation, DFLASH (its verify and kdtree's), DDTREE 16-1023, DDTREE 64 with draft
-#             graphs, on the overlap scheduler and with the bench's suggested KDTREE_DDTREE_BUDGETS, DDTREE's round
+#             batch 1-32 for no speculation, DFLASH (its verify and kdtree's), DDTREE 16-1023, DDTREE 8-64 with draft
+#             graphs on the overlap scheduler, with the bench's suggested KDTREE_DDTREE_BUDGETS, DDTREE's round
 #             time split. The engine bundle, like `engine`
 #   wheel     the binary wheel on this GPU (not among the default parts; name it): the JIT build's time from import
 #             to the first op call with an empty cache (it compiles for this GPU) and with its build cached; the wheel

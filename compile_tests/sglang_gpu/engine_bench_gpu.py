@@ -27,12 +27,14 @@ from sglang_gpu import llama8b, mla_lite  # noqa: E402
 
 MODELS = {"llama8b": llama8b, "mla_lite": mla_lite}
 
-# -graphs (KDTREE_DDTREE_DRAFT_GRAPHS=1) and -overlap rows side by side with the eager synchronous one (the graphs
-# are opt-in until the engine suite's greedy check has run them)
-CONFIGS = ("none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree64-graphs,ddtree64-overlap,ddtree64-graphs-overlap,"
-           "ddtree256,ddtree1023,ddtree64-graphs-overlap-budgets")
-# What the bench suggested from the H100 table of 2026-12-05 (examples/results/2026-12-05-enginebench): trees of 64
-# tokens below 16 requests, plain decode from 16 (its verify replays graphs of its own width: verify_widths.py)
+# The synchronous rows at 16-1023 tokens, and on the overlap scheduler with draft graphs small to launch-sized trees
+# (the bench suggests budgets from one variant's rows at every batch size: small trees at large batches are the
+# question of the 2026-12-06 profile, where a tree of 64 at 32 requests spent 35 of its 45 ms in the verify)
+CONFIGS = ("none,dflash,dflash-kdtree,ddtree16,ddtree64,ddtree256,ddtree1023,ddtree64-overlap,ddtree8-graphs-overlap,"
+           "ddtree16-graphs-overlap,ddtree64-graphs-overlap,ddtree64-graphs-overlap-budgets")
+# The -budgets rows' policy: what the bench suggested from the H100 table of 2026-12-05 (synchronous DDTREE rows
+# against no speculation on the overlap scheduler, warm-ups of 4 tokens): trees of 64 tokens below 16 requests,
+# plain decode from 16 (its verify replays graphs of its own width: verify_widths.py)
 BUDGETS = "1:64,16:1"
 
 
