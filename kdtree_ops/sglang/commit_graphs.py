@@ -20,17 +20,15 @@ import logging
 
 import torch
 
+from .draft_graphs import served_widths
+
 logger = logging.getLogger(__name__)
 
 
 def commit_rows_plan(batch_sizes, width_for, max_depth) -> list[int]:
-    """Row counts to capture: size * (max_depth(width) + 1) for each size and each width `width_for(b)` gives a
-    batch b it serves (those above the next smaller size, up to itself); plain decode (width 1) is one row."""
-    rows, below = set(), 0
-    for size in sorted(set(int(b) for b in batch_sizes)):
-        rows |= {size * (max_depth(width_for(b)) + 1) for b in range(below + 1, size + 1)}
-        below = size
-    return sorted(rows)
+    """Row counts to capture: size * (max_depth(width) + 1) for each (size, width) a graph serves
+    (draft_graphs.served_widths); plain decode (width 1) is one row a request."""
+    return sorted({size * (max_depth(width) + 1) for size, width in served_widths(batch_sizes, width_for)})
 
 
 class CommitGraphs:

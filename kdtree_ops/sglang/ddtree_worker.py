@@ -52,11 +52,11 @@ from sglang.srt.utils.common import async_h2d
 from .. import ddtree
 from ..ddtree.sampling import SamplingParams
 from . import ddtree_memory
+from .commit_graphs import CommitGraphs, commit_rows_plan
 from .ddtree_algorithm import ddtree_topk
 from .ddtree_budgets import budget_policy
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
-from .commit_graphs import CommitGraphs, commit_rows_plan
 from .draft_graphs import GRAPHS_ENV, DraftGraphs, capture_plan, draft_graphs_off_reason
 from .verify_metadata import prefix_kv
 from .verify_widths import VerifyWidthGraphs, narrower_widths

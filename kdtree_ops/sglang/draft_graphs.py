@@ -46,16 +46,19 @@ def draft_graphs_off_reason(device) -> str | None:
     return None
 
 
-def capture_plan(batch_sizes, max_width_for) -> list[tuple[int, int]]:
-    """(padded batch size, tree width) pairs to capture: each size with every width > 1 that `max_width_for(b)`
-    gives a batch b it serves (those above the next smaller size, up to itself)."""
-    plan, below = [], 0
+def served_widths(batch_sizes, width_for) -> list[tuple[int, int]]:
+    """(padded batch size, tree width) pairs a graph of each size serves: every width `width_for(b)` gives a batch b
+    it holds (those above the next smaller size, up to itself), plain decode (1) included."""
+    pairs, below = [], 0
     for size in sorted(set(int(b) for b in batch_sizes)):
-        for width in sorted({max_width_for(b) for b in range(below + 1, size + 1)}):
-            if width > 1:
-                plan.append((size, width))
+        pairs += [(size, width) for width in sorted({width_for(b) for b in range(below + 1, size + 1)})]
         below = size
-    return plan
+    return pairs
+
+
+def capture_plan(batch_sizes, width_for) -> list[tuple[int, int]]:
+    """(padded batch size, tree width) pairs to capture: those served_widths gives where a round drafts (width > 1)."""
+    return [(size, width) for size, width in served_widths(batch_sizes, width_for) if width > 1]
 
 
 class DraftGraphs:
