@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from .draft_graphs import served_widths
+from .draft_graphs import capture_step, served_widths
 
 logger = logging.getLogger(__name__)
 
@@ -49,16 +49,7 @@ class CommitGraphs:
         self.drafter.materialize(self.hidden[:rows], self.positions[:rows], self.slots[:rows])
 
     def _capture(self, rows: int):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up outside capture: lazy initialisation, library handles
-            self._write(rows)
-        torch.cuda.current_stream().wait_stream(stream)
-        if self.memory_pool is None:
-            self.memory_pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.memory_pool, stream=stream):
-            self._write(rows)
+        graph, _, self.memory_pool = capture_step(lambda: self._write(rows), self.memory_pool)
         return graph
 
     def padded_rows(self, rows: int) -> int | None:

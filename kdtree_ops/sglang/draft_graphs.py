@@ -61,6 +61,22 @@ def capture_plan(batch_sizes, width_for) -> list[tuple[int, int]]:
     return [(size, width) for size, width in served_widths(batch_sizes, width_for) if width > 1]
 
 
+def capture_step(step, pool):
+    """(graph, step()'s outputs, memory pool) of `step` captured on a side stream after one warm-up run there
+    (lazy initialisation, library handles, anything the step makes once and its replays read); `pool` None makes a
+    pool, which the caller passes to its later captures so they share its blocks (capture the largest first)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    pool = torch.cuda.graph_pool_handle() if pool is None else pool
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        outputs = step()
+    return graph, outputs, pool
+
+
 class DraftGraphs:
     """The captured draft steps of one worker (module docstring)."""
 
@@ -88,18 +104,8 @@ class DraftGraphs:
         return ddtree.build_tree(logprobs, candidates, self.bonus[:size], width - 1)
 
     def _capture(self, size: int, width: int):
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        # a warm-up outside capture: lazy initialisation, library handles, and the size's block mask (made once,
-        # read by every replay)
-        with torch.cuda.stream(stream):
-            self._step(size, width)
-        torch.cuda.current_stream().wait_stream(stream)
-        if self.memory_pool is None:
-            self.memory_pool = torch.cuda.graph_pool_handle()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.memory_pool, stream=stream):
-            outputs = self._step(size, width)
+        # the warm-up also makes the size's block mask, which every replay reads
+        graph, outputs, self.memory_pool = capture_step(lambda: self._step(size, width), self.memory_pool)
         return graph, outputs
 
     def padded_size(self, batch_size: int) -> int | None:
