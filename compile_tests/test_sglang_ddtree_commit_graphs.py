@@ -70,12 +70,13 @@ def test_a_commit_from_a_graph_writes_what_the_eager_write_does(seed):
     graphs = CpuCommitGraphs(graphed, [2, 8, 32], HIDDEN, torch.float32, "cpu")
     assert graphs.captures == [32, 8, 2]  # the largest first
     for rows in (1, 2, 5, 8, 9, 32, 3):
-        hidden = torch.randn(rows, HIDDEN)
+        hidden = torch.randn(rows + 7, HIDDEN)  # the verify's rows; the commit writes a shuffled subset
+        picked = torch.randperm(rows + 7, generator=torch.Generator().manual_seed(seed))[:rows]
         positions = torch.tensor([rng.randrange(0, 500) for _ in range(rows)])
         slots = torch.tensor(rng.sample(range(SLOTS), rows))
         slots[rng.randrange(rows)] = SLOTS  # a rejected row: to the scratch slot
-        assert graphs.run(hidden, positions, slots)
-        eager.materialize(hidden, positions, slots)
+        assert graphs.run(hidden, picked, positions, slots)
+        eager.materialize(hidden[picked], positions, slots)
         assert torch.equal(graphed.cache[:SLOTS], eager.cache[:SLOTS]), rows
         padded = graphs.padded_rows(rows)
         assert (graphs.slots[rows:padded] == SLOTS).all()
@@ -85,5 +86,5 @@ def test_more_rows_than_every_capture_are_left_to_the_caller():
     drafter = CacheDrafter()
     graphs = CpuCommitGraphs(drafter, [4], HIDDEN, torch.float32, "cpu")
     before = drafter.cache.clone()
-    assert not graphs.run(torch.ones(5, HIDDEN), torch.zeros(5, dtype=torch.int64), torch.arange(5))
+    assert not graphs.run(torch.ones(5, HIDDEN), torch.arange(5), torch.zeros(5, dtype=torch.int64), torch.arange(5))
     assert torch.equal(drafter.cache, before)

@@ -11,9 +11,10 @@ from kdtree_ops.sglang.verify_widths import VerifyWidthGraphs, narrower_widths
 
 def test_narrower_widths_are_the_policys_widths_but_the_launch_width():
     policy = parse_budgets("1:64,8:16,24:1", 64, 8, 16)
-    assert narrower_widths(64, 32, policy.width) == [1, 16]
-    assert narrower_widths(64, 20, policy.width) == [16]  # no captured batch reaches plain decode
-    assert narrower_widths(64, 160, lambda b: 64) == []
+    assert narrower_widths(64, [1, 2, 4, 8, 16, 24, 32], policy.width) == [1, 16]
+    assert narrower_widths(64, [20, 1, 4], policy.width) == [16]  # no captured batch reaches plain decode
+    assert narrower_widths(64, [32], policy.width) == [1, 16]  # one graph of 32 serves batches 1..32
+    assert narrower_widths(64, [1, 8, 160], lambda b: 64) == []
 
 
 class _GraphRunner:

@@ -7,7 +7,7 @@ plain-decode round). Eagerly that is a fixed run of small launches whatever the 
 took 1.4 ms of a 14 ms plain-decode round at 32 requests (examples/results/2026-12-06-b32-split), about as much as the
 work itself at that size is worth. Captured at start-up (`DDTreeWorker.init_cuda_graphs`) for row counts b * (depth
 + 1) over SGLang's decode batch sizes b and the depths of the widths the budget policy gives them; a round of R rows
-replays the smallest captured count >= R: its rows are copied into static buffers, the rows past R write the
+replays the smallest captured count >= R: its rows are gathered into static buffers, the rows past R write the
 drafter's scratch slot (never read). More rows than every capture run eagerly.
 
 Capture-safe by construction (no host sync; shapes from the row count only). Under the same switch as the draft
@@ -55,18 +55,19 @@ class CommitGraphs:
     def padded_rows(self, rows: int) -> int | None:
         return next((count for count in self.row_counts if count >= rows), None)
 
-    def run(self, target_hidden: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor) -> bool:
-        """materialize(target_hidden, positions, slots) from a graph; False where none holds that many rows (the
-        caller writes eagerly)."""
-        rows = target_hidden.shape[0]
-        padded = self.padded_rows(rows)
+    def run(self, hidden_states: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+            slots: torch.Tensor) -> bool:
+        """materialize(hidden_states[rows], positions, slots) from a graph, gathering the rows straight into its
+        static buffer; False where none holds that many rows (the caller writes eagerly)."""
+        count = rows.shape[0]
+        padded = self.padded_rows(count)
         if padded is None:
             return False
-        self.hidden[:rows].copy_(target_hidden)
-        self.positions[:rows].copy_(positions)
-        self.slots[:rows].copy_(slots)
-        if padded > rows:  # the replay's extra rows: to the scratch slot, whatever their hidden states
-            self.positions[rows:padded].zero_()
-            self.slots[rows:padded].fill_(self.drafter.scratch_slot)
+        torch.index_select(hidden_states, 0, rows, out=self.hidden[:count])
+        self.positions[:count].copy_(positions)
+        self.slots[:count].copy_(slots)
+        if padded > count:  # the replay's extra rows: to the scratch slot, whatever their hidden states
+            self.positions[count:padded].zero_()
+            self.slots[count:padded].fill_(self.drafter.scratch_slot)
         self.graphs[padded].replay()
         return True

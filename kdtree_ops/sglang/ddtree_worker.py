@@ -221,7 +221,7 @@ class DDTreeWorker(BaseSpecWorker):
         if not sizes or torch.device(self.device).type != "cuda":
             logger.info("DDTREE rounds run eagerly: SGLang captured no decode CUDA graphs")
             return
-        widths = narrower_widths(self.num_tree_tokens, max(sizes), self.width_for)
+        widths = narrower_widths(self.num_tree_tokens, sizes, self.width_for)
         if widths:
             self.verify_widths = VerifyWidthGraphs(self.model_runner, widths)
         why_not = draft_graphs_off_reason(self.device)
@@ -336,10 +336,11 @@ class DDTreeWorker(BaseSpecWorker):
                                     accepted, node_slots, dest)
         rows = (torch.arange(bs, device=self.device)[:, None] * n + accepted.clamp_min(0)).reshape(-1)
         depth = torch.arange(max_depth + 1, device=self.device)
-        draft_kv = (logits_output.hidden_states[rows], (prefix[:, None].to(torch.int64) + depth).reshape(-1),
-                    torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1))
-        if self.commit_graphs is None or not self.commit_graphs.run(*draft_kv):
-            self.drafter.materialize(*draft_kv)
+        hidden = logits_output.hidden_states
+        draft_positions = (prefix[:, None].to(torch.int64) + depth).reshape(-1)
+        draft_slots = torch.where(accepted >= 0, dest, self.drafter.scratch_slot).reshape(-1)
+        if self.commit_graphs is None or not self.commit_graphs.run(hidden, rows, draft_positions, draft_slots):
+            self.drafter.materialize(hidden[rows], draft_positions, draft_slots)
         logits_output.hidden_states = None
         # 6. the accepted drafts then the bonus token, D + 1 per request
         emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens)

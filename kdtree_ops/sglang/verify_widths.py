@@ -15,12 +15,14 @@ import contextlib
 import logging
 import time
 
+from .draft_graphs import served_widths
+
 logger = logging.getLogger(__name__)
 
 
-def narrower_widths(launch_width: int, max_batch: int, width_for) -> list[int]:
-    """The widths other than the launch width that `width_for(b)` gives a batch b of 1..max_batch requests."""
-    return sorted({width_for(b) for b in range(1, max_batch + 1)} - {launch_width})
+def narrower_widths(launch_width: int, batch_sizes, width_for) -> list[int]:
+    """The widths other than the launch width that the graphs of `batch_sizes` serve (draft_graphs.served_widths)."""
+    return sorted({width for _, width in served_widths(batch_sizes, width_for)} - {launch_width})
 
 
 class VerifyWidthGraphs:
