@@ -113,8 +113,8 @@ def test_the_suggestion_takes_one_variant_s_rows_and_names_its_settings():
     sync = [_record("ddtree64", {1: 180.0, 32: 1000.0}), _record("ddtree8", {1: 150.0, 32: 2000.0})]
     overlap = [_record("ddtree64-graphs-overlap", {1: 250.0, 32: 1500.0}),
                _record("ddtree8-graphs-overlap", {1: 200.0, 32: 3600.0})]
-    # the overlap variant wins at both sizes: its widths, with its settings; its -budgets row is not a width
-    records = [none, *sync, *overlap, _record("ddtree64-graphs-overlap-budgets", {1: 9999.0, 32: 9999.0})]
+    # the overlap variant wins at both sizes: its widths, with its settings
+    records = [none, *sync, *overlap]
     assert engine_bench.suggested_budgets(records) == (
         "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,32:8 "
         "KDTREE_DDTREE_DRAFT_GRAPHS=1 KDTREE_DDTREE_OVERLAP=1")
@@ -122,6 +122,22 @@ def test_the_suggestion_takes_one_variant_s_rows_and_names_its_settings():
     overlap[1]["rows"] = overlap[1]["rows"][:1]
     overlap[0]["rows"] = overlap[0]["rows"][:1]
     assert engine_bench.suggested_budgets(records).endswith("64 with KDTREE_DDTREE_BUDGETS=1:64,32:1")
+
+
+def test_a_budgets_row_counts_at_the_width_its_policy_gave_each_batch_size():
+    # the 2026-12-07 H100 table: no fixed width beats no speculation at 32, the policy's trees of 8 do
+    records = [_record("none", {1: 104.6, 32: 2734.0}),
+               _record("ddtree64-graphs-overlap", {1: 242.5, 32: 1391.7}),
+               {**_record("ddtree64-graphs-overlap-budgets", {1: 252.4, 32: 3116.5}),
+                "env": {"KDTREE_DDTREE_BUDGETS": "1:64,16:8"}},
+               _record("ddtree16-graphs-overlap", {1: 173.7, 32: 2619.7}),
+               _record("ddtree4-graphs-overlap", {1: 148.7, 32: 2332.2})]
+    assert engine_bench.suggested_budgets(records) == (
+        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,32:8 "
+        "KDTREE_DDTREE_DRAFT_GRAPHS=1 KDTREE_DDTREE_OVERLAP=1")
+    records[2]["env"]["KDTREE_DDTREE_BUDGETS"] = "1:64,16:1"  # plain decode at 32: no speculation's row is faster
+    assert engine_bench.suggested_budgets(records).endswith("=1:64,32:1 KDTREE_DDTREE_DRAFT_GRAPHS=1 "
+                                                            "KDTREE_DDTREE_OVERLAP=1")
 
 
 def test_engine_bench_runs_on_the_cpu_engine(tmp_path):

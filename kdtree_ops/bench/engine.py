@@ -15,7 +15,8 @@ completion tokens over its wall time, and tokens per verify step from SGLang's `
   SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1); `ddtreeN-graphs`: its drafter and tree build replay CUDA
   graphs instead of running eagerly (KDTREE_DDTREE_DRAFT_GRAPHS=1); `ddtreeN[-graphs][-overlap]-budgets`: with
   the tree size per batch size of --ddtree-budgets (KDTREE_DDTREE_BUDGETS).
-The table ends with DDTREE's tree size per batch size that it suggests (KDTREE_DDTREE_BUDGETS, ddtree_budgets.py).
+The table ends with DDTREE's tree size per batch size that it suggests (KDTREE_DDTREE_BUDGETS, ddtree_budgets.py;
+a -budgets row counts at the width its policy gave each batch size).
 With --profile, each DDTREE configuration runs again with KDTREE_DDTREE_PROFILE=1 (it synchronizes at each phase
 boundary, so its tokens/s are not reported) for the round's time split: draft, tree build, verify, accept, commit,
 host (the scheduler's work between two decode rounds, also given in us a round) and other (the batch's prefill and
@@ -33,8 +34,10 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from ..sglang.ddtree_budgets import BudgetPolicy
 from .engine_plot import svg_chart
 
 PHASES = ("draft", "build", "verify", "accept", "commit")
@@ -221,34 +224,46 @@ def host_us_per_round(ddtree: dict | None) -> float | None:
 _VARIANT_ENV = (("-graphs", "KDTREE_DDTREE_DRAFT_GRAPHS=1"), ("-overlap", "KDTREE_DDTREE_OVERLAP=1"))
 
 
-def _ddtree_row(name: str) -> tuple[int, str] | None:
-    """(width, variant suffix) of a ddtreeN[-graphs][-overlap] configuration; None for others and -budgets rows."""
-    if not name.startswith("ddtree") or name.endswith("-budgets"):
+def _ddtree_row(record: dict) -> tuple[Callable[[int], int], str] | None:
+    """(tree width at a batch size, variant suffix) of a ddtreeN[-graphs][-overlap][-budgets] record: N, or for a
+    -budgets row the width its KDTREE_DDTREE_BUDGETS gave that batch size; None for other configurations."""
+    name = record["config"]
+    budgets = name.endswith("-budgets")
+    width, _, variant = name.removesuffix("-budgets")[6:].partition("-")
+    if not name.startswith("ddtree") or not width.isdigit():
         return None
-    width, _, variant = name[6:].partition("-")
-    return (int(width), f"-{variant}" if variant else "") if width.isdigit() else None
+    variant = f"-{variant}" if variant else ""
+    if not budgets:
+        return (lambda batch: int(width)), variant
+    raw = record.get("env", {}).get("KDTREE_DDTREE_BUDGETS", "")
+    steps = tuple((int(b), int(n)) for b, n in (entry.split(":") for entry in raw.split(",") if entry.strip()))
+    return BudgetPolicy(int(width), steps).width, variant  # the engine accepted it: the row ran
 
 
 def suggested_budgets(records: list) -> str | None:
     """DDTREE's launch from the table (ddtree_budgets.py): per batch size the fastest of no speculation (1 token,
     plain decode) and the ddtreeN rows of one variant (the scheduler and draft graphs: ddtreeN, ddtreeN-overlap,
-    ...), as `--speculative-num-draft-tokens N` with a KDTREE_DDTREE_BUDGETS value and the variant's settings; the
-    variant whose choices sum to the most tokens/s over no speculation's (or, without that row, over the fastest
-    row's) across the batch sizes, among those with a row at every size measured. None without such a row."""
+    ...; a -budgets row counts at the width its policy gave each batch size), as `--speculative-num-draft-tokens N`
+    with a KDTREE_DDTREE_BUDGETS value and the variant's settings; the variant whose choices sum to the most tokens/s
+    over no speculation's (or, without that row, over the fastest row's) across the batch sizes, among those with a
+    row at every size measured. None without such a row."""
     rows: dict[str, dict[int, list]] = {}  # variant -> batch size -> [(tokens/s, width)]
     plain: dict[int, float] = {}  # batch size -> no speculation's tokens/s
     fastest: dict[int, float] = {}
     for rec in records:
-        row = (1, None) if rec["config"] == "none" else _ddtree_row(rec["config"])
-        if not rec.get("ok") or rec["profiled"] or row is None:
+        if not rec.get("ok") or rec["profiled"]:  # a failed row's settings may be what failed
             continue
-        width, variant = row
+        row = ((lambda batch: 1), None) if rec["config"] == "none" else _ddtree_row(rec)
+        if row is None:
+            continue
+        width_at, variant = row
         for r in rec["rows"]:
             fastest[r["batch"]] = max(fastest.get(r["batch"], 0.0), r["tokens_per_s"])
             if variant is None:
                 plain[r["batch"]] = r["tokens_per_s"]
             else:
-                rows.setdefault(variant, {}).setdefault(r["batch"], []).append((r["tokens_per_s"], width))
+                rows.setdefault(variant, {}).setdefault(r["batch"], []).append((r["tokens_per_s"],
+                                                                                 width_at(r["batch"])))
     sizes = sorted(fastest)
     choices = {}  # variant -> (score, [(batch size, width)])
     for variant, by_size in rows.items():
