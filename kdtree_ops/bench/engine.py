@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..sglang.ddtree_budgets import BudgetPolicy
+from ..sglang.ddtree_budgets import BudgetPolicy, parse_steps
 from .engine_plot import svg_chart
 
 PHASES = ("draft", "build", "verify", "accept", "commit")
@@ -236,8 +236,7 @@ def _ddtree_row(record: dict) -> tuple[Callable[[int], int], str] | None:
     if not budgets:
         return (lambda batch: int(width)), variant
     raw = record.get("env", {}).get("KDTREE_DDTREE_BUDGETS", "")
-    steps = tuple((int(b), int(n)) for b, n in (entry.split(":") for entry in raw.split(",") if entry.strip()))
-    return BudgetPolicy(int(width), steps).width, variant  # the engine accepted it: the row ran
+    return BudgetPolicy(int(width), parse_steps(raw, int(width))).width, variant
 
 
 def suggested_budgets(records: list) -> str | None:

@@ -49,35 +49,44 @@ class BudgetPolicy:
         return "; ".join(parts)
 
 
-def parse_budgets(raw: str, launch_width: int, topk: int, block_size: int) -> BudgetPolicy:
-    """The policy of a `KDTREE_DDTREE_BUDGETS` value; raises naming the variable, the entry and the rule broken."""
-    from .ddtree_algorithm import check_node_budget
+def _refusal(raw: str, launch_width: int, why: str) -> ValueError:
+    return ValueError(f"{BUDGETS_ENV}={raw!r}: {why} (format: comma-separated BATCH:TOKENS steps, batch sizes "
+                      f"ascending, e.g. 1:{launch_width},16:1; TOKENS 1 is plain decode)")
 
-    def refuse(why: str) -> ValueError:
-        return ValueError(f"{BUDGETS_ENV}={raw!r}: {why} (format: comma-separated BATCH:TOKENS steps, batch sizes "
-                          f"ascending, e.g. 1:{launch_width},16:1; TOKENS 1 is plain decode)")
 
-    steps = []
+def parse_steps(raw: str, launch_width: int) -> tuple[tuple[int, int], ...]:
+    """The (batch size, tree tokens) steps of a `KDTREE_DDTREE_BUDGETS` value, checked for form and range (integers,
+    batch sizes positive and ascending, tree tokens in [1, launch_width]); parse_budgets adds the drafter's checks."""
+    steps: list[tuple[int, int]] = []
     for entry in (e.strip() for e in raw.split(",")):
         batch, _, tokens = entry.partition(":")
         try:
             batch_size, width = int(batch), int(tokens)
         except ValueError:
-            raise refuse(f"entry {entry!r} is not BATCH:TOKENS with two integers") from None
+            raise _refusal(raw, launch_width, f"entry {entry!r} is not BATCH:TOKENS with two integers") from None
         if batch_size < 1:
-            raise refuse(f"entry {entry!r}: BATCH must be a positive integer")
+            raise _refusal(raw, launch_width, f"entry {entry!r}: BATCH must be a positive integer")
         if steps and batch_size <= steps[-1][0]:
-            raise refuse(f"entry {entry!r}: batch sizes must ascend")
+            raise _refusal(raw, launch_width, f"entry {entry!r}: batch sizes must ascend")
         if not 1 <= width <= launch_width:
-            raise refuse(f"entry {entry!r}: TOKENS must be in [1, {launch_width}] (--speculative-num-draft-tokens "
-                         f"is the widest tree)")
+            raise _refusal(raw, launch_width, f"entry {entry!r}: TOKENS must be in [1, {launch_width}] "
+                                              f"(--speculative-num-draft-tokens is the widest tree)")
+        steps.append((batch_size, width))
+    return tuple(steps)
+
+
+def parse_budgets(raw: str, launch_width: int, topk: int, block_size: int) -> BudgetPolicy:
+    """The policy of a `KDTREE_DDTREE_BUDGETS` value; raises naming the variable, the entry and the rule broken."""
+    from .ddtree_algorithm import check_node_budget
+
+    steps = parse_steps(raw, launch_width)
+    for batch_size, width in steps:
         if width > 1:
             try:
                 check_node_budget(width, topk, block_size)
             except ValueError as exc:
-                raise refuse(f"entry {entry!r}: {exc}") from None
-        steps.append((batch_size, width))
-    return BudgetPolicy(launch_width, tuple(steps))
+                raise _refusal(raw, launch_width, f"entry '{batch_size}:{width}': {exc}") from None
+    return BudgetPolicy(launch_width, steps)
 
 
 def budget_policy(launch_width: int, topk: int, block_size: int) -> BudgetPolicy | None:
