@@ -48,12 +48,15 @@ def test_configuration_names_are_the_launches_they_say():
         engine_bench.engine_config("ddtreeX", args)
     engine, env = engine_bench.engine_config("ddtree64-overlap-budgets", _args(ddtree_budgets="1:64,16:1"))
     assert engine["speculative_num_draft_tokens"] == 64
-    assert env == {"KDTREE_DDTREE_OVERLAP": "1", "KDTREE_DDTREE_BUDGETS": "1:64,16:1"}
+    assert env == {"KDTREE_DDTREE_OVERLAP": "1", "KDTREE_DDTREE_BUDGETS": "1:64,16:1",
+                   "KDTREE_DDTREE_DRAFT_GRAPHS": "0"}
     with pytest.raises(ValueError, match="--ddtree-budgets is needed"):
         engine_bench.engine_config("ddtree64-budgets", args)
     engine, env = engine_bench.engine_config("ddtree64-graphs-overlap", args)
     assert env == {"KDTREE_DDTREE_OVERLAP": "1", "KDTREE_DDTREE_DRAFT_GRAPHS": "1", "KDTREE_BASE_BACKEND": "triton"}
-    assert "KDTREE_DDTREE_DRAFT_GRAPHS" not in engine_bench.engine_config("ddtree64-overlap", args)[1]
+    # the draft graphs are DDTREE's default: a row without -graphs turns them off, other algorithms never name them
+    assert engine_bench.engine_config("ddtree64-overlap", args)[1]["KDTREE_DDTREE_DRAFT_GRAPHS"] == "0"
+    assert "KDTREE_DDTREE_DRAFT_GRAPHS" not in engine_bench.engine_config("dflash-kdtree", args)[1]
     for bad in ("ddtree64-budgets-overlap", "ddtree64-overlap-graphs", "dflash-graphs", "dflash-budgets"):
         with pytest.raises(ValueError, match=f"unknown configuration '{bad}'"):
             engine_bench.engine_config(bad, _args(ddtree_budgets="1:1"))
@@ -99,9 +102,9 @@ def test_the_suggested_budgets_take_the_fastest_row_per_batch_size():
                _record("ddtree64-overlap", {1: 999.0}), _record("ddtree256", {1: 9999.0}, ok=False),
                _record("ddtree16", {1: 9999.0}, profiled=True)]
     assert engine_bench.suggested_budgets(records) == (
-        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,16:1")
+        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,16:1 KDTREE_DDTREE_DRAFT_GRAPHS=0")
     records[2]["rows"][2]["tokens_per_s"] = 1600.0  # ddtree16 now wins at 16
-    assert engine_bench.suggested_budgets(records).endswith("=1:64,16:16,32:1")
+    assert engine_bench.suggested_budgets(records).endswith("=1:64,16:16,32:1 KDTREE_DDTREE_DRAFT_GRAPHS=0")
     assert engine_bench.suggested_budgets(records[:2]) is None  # no DDTREE row
     slow = [_record("none", {1: 100.0}), _record("ddtree16", {1: 50.0})]
     assert engine_bench.suggested_budgets(slow).startswith("no speculation")
@@ -116,12 +119,12 @@ def test_the_suggestion_takes_one_variant_s_rows_and_names_its_settings():
     # the overlap variant wins at both sizes: its widths, with its settings
     records = [none, *sync, *overlap]
     assert engine_bench.suggested_budgets(records) == (
-        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,32:8 "
-        "KDTREE_DDTREE_DRAFT_GRAPHS=1 KDTREE_DDTREE_OVERLAP=1")
+        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,32:8 KDTREE_DDTREE_OVERLAP=1")
     # a variant short of a batch size is not comparable: the synchronous rows decide (plain decode at 32)
     overlap[1]["rows"] = overlap[1]["rows"][:1]
     overlap[0]["rows"] = overlap[0]["rows"][:1]
-    assert engine_bench.suggested_budgets(records).endswith("64 with KDTREE_DDTREE_BUDGETS=1:64,32:1")
+    assert engine_bench.suggested_budgets(records).endswith("64 with KDTREE_DDTREE_BUDGETS=1:64,32:1 "
+                                                            "KDTREE_DDTREE_DRAFT_GRAPHS=0")
 
 
 def test_a_budgets_row_counts_at_the_width_its_policy_gave_each_batch_size():
@@ -133,11 +136,9 @@ def test_a_budgets_row_counts_at_the_width_its_policy_gave_each_batch_size():
                _record("ddtree16-graphs-overlap", {1: 173.7, 32: 2619.7}),
                _record("ddtree4-graphs-overlap", {1: 148.7, 32: 2332.2})]
     assert engine_bench.suggested_budgets(records) == (
-        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,32:8 "
-        "KDTREE_DDTREE_DRAFT_GRAPHS=1 KDTREE_DDTREE_OVERLAP=1")
+        "--speculative-num-draft-tokens 64 with KDTREE_DDTREE_BUDGETS=1:64,32:8 KDTREE_DDTREE_OVERLAP=1")
     records[2]["env"]["KDTREE_DDTREE_BUDGETS"] = "1:64,16:1"  # plain decode at 32: no speculation's row is faster
-    assert engine_bench.suggested_budgets(records).endswith("=1:64,32:1 KDTREE_DDTREE_DRAFT_GRAPHS=1 "
-                                                            "KDTREE_DDTREE_OVERLAP=1")
+    assert engine_bench.suggested_budgets(records).endswith("=1:64,32:1 KDTREE_DDTREE_OVERLAP=1")
 
 
 def test_engine_bench_runs_on_the_cpu_engine(tmp_path):

@@ -17,7 +17,8 @@ from requires import require
 require("sglang", "pip install -e '.[test,sglang]'")
 
 from kdtree_ops import ddtree  # noqa: E402
-from kdtree_ops.sglang.draft_graphs import DraftGraphs, capture_plan, draft_graphs_off_reason  # noqa: E402
+from kdtree_ops.sglang.draft_graphs import (DraftGraphs, capture_plan, draft_graphs_off_reason,  # noqa: E402
+                                           draft_graphs_requested)
 from kdtree_ops.sglang.verify_metadata import prefix_kv  # noqa: E402
 
 VOCAB, POSITIONS, TOPK = 50, 4, 3
@@ -116,11 +117,15 @@ def test_a_cpu_worker_drafts_eagerly():
     assert draft_graphs_off_reason("cpu") == "cpu is not a CUDA device"
 
 
-def test_the_graphs_are_opt_in(monkeypatch):
+def test_the_graphs_are_on_unless_turned_off(monkeypatch):
     monkeypatch.delenv("KDTREE_DDTREE_DRAFT_GRAPHS", raising=False)
-    assert draft_graphs_off_reason("cuda") == "KDTREE_DDTREE_DRAFT_GRAPHS is not 1 (the graphs are opt-in)"
+    assert draft_graphs_requested()
     monkeypatch.setenv("KDTREE_DDTREE_DRAFT_GRAPHS", "0")
-    assert draft_graphs_off_reason("cuda") == "KDTREE_DDTREE_DRAFT_GRAPHS is not 1 (the graphs are opt-in)"
+    assert draft_graphs_off_reason("cuda") == "KDTREE_DDTREE_DRAFT_GRAPHS=0"
+    monkeypatch.setenv("KDTREE_DDTREE_DRAFT_GRAPHS", "on")
+    with pytest.raises(ValueError, match=r"^KDTREE_DDTREE_DRAFT_GRAPHS must be 1 \(capture .*\) or 0 \(run it "
+                                         r"eagerly\), got 'on'$"):
+        draft_graphs_off_reason("cuda")
 
 
 class _SGLangRunner:

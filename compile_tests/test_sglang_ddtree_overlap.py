@@ -11,7 +11,8 @@ a. with the radix cache (a second round over cached prefixes) and without it und
    on the overlap scheduler equals the engine without speculation token for token, accepting drafts;
 b. every decode round ran on the overlap loop (the worker counts the rounds SGLang handed `on_publish`, which only
    the overlap loop does), and none did without KDTREE_DDTREE_OVERLAP (the synchronous default);
-c. a bad KDTREE_DDTREE_OVERLAP fails at launch, naming the values; KDTREE_DDTREE_BUDGETS changes the rounds' widths
+c. a bad KDTREE_DDTREE_OVERLAP or KDTREE_DDTREE_DRAFT_GRAPHS fails at launch, naming the values;
+   KDTREE_DDTREE_BUDGETS changes the rounds' widths
    on the overlap loop as on the synchronous one, lossless;
 d. (no engine) the carry passes SGLang's relay (RelayPayload.from_draft_input) and filters and merges by the
    scheduler's future_indices.
@@ -116,9 +117,10 @@ def test_overlapped_rounds_change_width_as_the_batch_shrinks(host, models, refer
         assert change in log, change
 
 
-def test_a_bad_overlap_switch_fails_at_launch(host, models):
-    with pytest.raises(EngineError, match="KDTREE_DDTREE_OVERLAP must be 1 .* or 0"):
-        host.start(models["target"], env={"KDTREE_DDTREE_OVERLAP": "yes"}, **ddtree(models))
+@pytest.mark.parametrize("switch", ["KDTREE_DDTREE_OVERLAP", "KDTREE_DDTREE_DRAFT_GRAPHS"])
+def test_a_bad_switch_fails_at_launch(host, models, switch):
+    with pytest.raises(EngineError, match=f"{switch} must be 1 .* or 0 .*, got 'yes'"):
+        host.start(models["target"], env={switch: "yes"}, **ddtree(models))
     host.new_log()
 
 

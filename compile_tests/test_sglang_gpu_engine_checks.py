@@ -155,10 +155,11 @@ def test_graph_path_configurations_serve_the_suite_batch_at_the_intended_widths(
     from kdtree_ops.sglang.ddtree_budgets import parse_budgets
 
     configs = {name: (engine, env) for name, engine, env, _ in configurations({"eagle": "e", "dflash": "d"})}
-    for name, draft_graphs, width in (("ddtree64-graphs", "1", 16), ("ddtree64-plain", None, 1)):
+    for name, width in (("ddtree64-graphs", 16), ("ddtree64-plain", 1)):
         engine, env = configs[name]
         policy = parse_budgets(env["KDTREE_DDTREE_BUDGETS"], engine["speculative_num_draft_tokens"], 8, 16)
         assert policy.width(len(PROMPT_LENS)) == width, name
         assert policy.width(1) == engine["speculative_num_draft_tokens"] == 64, name
-        assert env.get("KDTREE_DDTREE_DRAFT_GRAPHS") == draft_graphs, name
+        assert env.get("KDTREE_DDTREE_DRAFT_GRAPHS", "1") == "1", name  # the draft graphs on (the default)
         assert engine["attention_backend"] == "kdtree", name
+    assert configs["ddtree64-eager"][1]["KDTREE_DDTREE_DRAFT_GRAPHS"] == "0"

@@ -108,10 +108,11 @@ def configurations(models: dict, platform: str = "gpu", tp2: bool = False) -> li
                ("eagle", dict(KDTREE, **eagle), base, False),
                ("dflash", dict(KDTREE, **dflash), base, False)]
     configs += [(f"ddtree{n}", dict(KDTREE, **ddtree(n)), base, False) for n in DDTREE_BUDGETS]
-    # the suite's 4-request batch under a budget policy: trees of 16 from the draft step's graphs and the verify's
-    # graphs of width 16 (-graphs); plain decode through the verify's graphs of width 1 (-plain)
-    configs += [("ddtree64-graphs", dict(KDTREE, **ddtree(64)),
-                 {**base, "KDTREE_DDTREE_DRAFT_GRAPHS": "1", "KDTREE_DDTREE_BUDGETS": "1:64,4:16"}, False),
+    # the suite's 4-request batch under a budget policy: trees of 16 from the draft step's graphs (DDTREE's default)
+    # and the verify's graphs of width 16 (-graphs); plain decode through the verify's graphs of width 1 (-plain);
+    # the draft step run eagerly (-eager: KDTREE_DDTREE_DRAFT_GRAPHS=0)
+    configs += [("ddtree64-graphs", dict(KDTREE, **ddtree(64)), {**base, "KDTREE_DDTREE_BUDGETS": "1:64,4:16"}, False),
+                ("ddtree64-eager", dict(KDTREE, **ddtree(64)), {**base, "KDTREE_DDTREE_DRAFT_GRAPHS": "0"}, False),
                 ("ddtree64-plain", dict(KDTREE, **ddtree(64)), {**base, "KDTREE_DDTREE_BUDGETS": "1:64,4:1"}, False)]
     configs += [("ddtree64-overlap", dict(KDTREE, **ddtree(64)), {**base, "KDTREE_DDTREE_OVERLAP": "1"}, False),
                 ("eagle-compile", dict(KDTREE, **eagle, **compiled), base, False),

@@ -13,8 +13,8 @@ completion tokens over its wall time, and tokens per verify step from SGLang's `
 - `ngram-kdtree`, `eagle-kdtree`, `dflash-kdtree`: the same with `--attention-backend kdtree` (verify by the op);
 - `ddtreeN`: DDTREE through kdtree with N tree tokens (the root and N - 1 drafts); `ddtreeN-overlap`: the same on
   SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1); `ddtreeN-graphs`: its drafter and tree build replay CUDA
-  graphs instead of running eagerly (KDTREE_DDTREE_DRAFT_GRAPHS=1); `ddtreeN[-graphs][-overlap]-budgets`: with
-  the tree size per batch size of --ddtree-budgets (KDTREE_DDTREE_BUDGETS).
+  graphs (KDTREE_DDTREE_DRAFT_GRAPHS=1, DDTREE's default), and a row without -graphs runs them eagerly (=0);
+  `ddtreeN[-graphs][-overlap]-budgets`: with the tree size per batch size of --ddtree-budgets (KDTREE_DDTREE_BUDGETS).
 The table ends with DDTREE's tree size per batch size that it suggests (KDTREE_DDTREE_BUDGETS, ddtree_budgets.py;
 a -budgets row counts at the width its policy gave each batch size).
 With --profile, each DDTREE configuration runs again with KDTREE_DDTREE_PROFILE=1 (it synchronizes at each phase
@@ -76,6 +76,8 @@ def engine_config(name: str, args) -> tuple[dict, dict]:
         if name.startswith("ddtree") and name.endswith(suffix):
             env[variable] = _need(args.ddtree_budgets, "--ddtree-budgets") if suffix == "-budgets" else "1"
             name = name.removesuffix(suffix)
+    if name.startswith("ddtree"):  # the draft graphs are DDTREE's default: a row without -graphs turns them off
+        env.setdefault("KDTREE_DDTREE_DRAFT_GRAPHS", "0")
     kdtree = name.endswith("-kdtree") or name.startswith("ddtree")
     algorithm = name.removesuffix("-kdtree")
     if kdtree:
@@ -220,8 +222,8 @@ def host_us_per_round(ddtree: dict | None) -> float | None:
     return 1e6 * ddtree["seconds"].get("host", 0.0) / ddtree["host_gaps"]
 
 
-# The settings each DDTREE suffix stands for, as a suggestion names them (engine_config sets them)
-_VARIANT_ENV = (("-graphs", "KDTREE_DDTREE_DRAFT_GRAPHS=1"), ("-overlap", "KDTREE_DDTREE_OVERLAP=1"))
+# The setting a suggestion names for each DDTREE suffix, with it and without it: those unlike DDTREE's defaults
+_VARIANT_ENV = (("-graphs", "", "KDTREE_DDTREE_DRAFT_GRAPHS=0"), ("-overlap", "KDTREE_DDTREE_OVERLAP=1", ""))
 
 
 def _ddtree_row(record: dict) -> tuple[Callable[[int], int], str] | None:
@@ -279,7 +281,8 @@ def suggested_budgets(records: list) -> str | None:
     if launch == 1:
         return "no speculation: every DDTREE row is slower than plain decode at every batch size measured"
     steps = [(b, w) for i, (b, w) in enumerate(best) if i == 0 or w != best[i - 1][1]]
-    settings = "".join(f" {env}" for suffix, env in _VARIANT_ENV if suffix in variant)
+    chosen = (present if suffix in variant else absent for suffix, present, absent in _VARIANT_ENV)
+    settings = "".join(f" {setting}" for setting in chosen if setting)
     return (f"--speculative-num-draft-tokens {launch} with KDTREE_DDTREE_BUDGETS="
             + ",".join(f"{b}:{w}" for b, w in steps) + settings)
 

@@ -11,6 +11,7 @@ returning the worker class (imported only when a scheduler builds the worker) an
   fill (`check_node_budget`: N - 1 > sum_{d=1..K} k^d, K = the draft config's block_size - 1) is refused here, in
   the launching process before any model loads (a scheduler's failure would take the launcher down with SIGQUIT);
 - the tree size per batch size, down to plain decode: `KDTREE_DDTREE_BUDGETS` (ddtree_budgets.py), checked here;
+- the draft step's CUDA graphs: `KDTREE_DDTREE_DRAFT_GRAPHS` (draft_graphs.py; 1, the default, or 0), checked here;
 - grammar-constrained requests are refused: `--grammar-backend none` (SGLang aborts each such request with
   its own message; the server goes on);
 - overlap scheduling (SGLang's spec v2 loop: the host schedules round n+1 while the device runs round n) only with
@@ -75,13 +76,17 @@ def check_node_budget(num_draft_tokens: int, topk: int, block_size: int) -> None
         f"--speculative-num-draft-tokens <= {paths + 1}, or {TOPK_ENV} >= {smallest_topk}")
 
 
+def env_switch(name: str, default: str, on: str, off: str) -> bool:
+    """A 0/1 environment switch (unset: `default`); any other value raises naming the variable and both meanings."""
+    raw = os.environ.get(name, default)
+    if raw not in ("0", "1"):
+        raise ValueError(f"{name} must be 1 ({on}) or 0 ({off}), got {raw!r}")
+    return raw == "1"
+
+
 def ddtree_overlap() -> bool:
     """Whether DDTREE runs on SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1; unset or 0: synchronous)."""
-    raw = os.environ.get(OVERLAP_ENV, "0")
-    if raw not in ("0", "1"):
-        raise ValueError(f"{OVERLAP_ENV} must be 1 (DDTREE on SGLang's overlap scheduler) or 0 (synchronous rounds), "
-                         f"got {raw!r}")
-    return raw == "1"
+    return env_switch(OVERLAP_ENV, "0", "DDTREE on SGLang's overlap scheduler", "synchronous rounds")
 
 
 def resolve_ddtree_server_args(server_args) -> None:
@@ -99,9 +104,11 @@ def resolve_ddtree_server_args(server_args) -> None:
                          f"budget) and must be in [2, {MAX_VERIFY_TOKENS}], got {tokens}")
     from .ddtree_budgets import BUDGETS_ENV, budget_policy
     from .dflash_drafter import draft_block_size
+    from .draft_graphs import draft_graphs_requested
 
-    # a bad KDTREE_DDTREE_TOPK or KDTREE_DDTREE_BUDGETS, or a budget the drafter cannot fill, fails here, not in the
-    # first round
+    # a bad KDTREE_DDTREE_TOPK, KDTREE_DDTREE_BUDGETS or KDTREE_DDTREE_DRAFT_GRAPHS, or a budget the drafter cannot
+    # fill, fails here, not in the first round
+    draft_graphs_requested()
     topk, block_size = ddtree_topk(), draft_block_size(server_args.speculative_draft_model_path)
     check_node_budget(int(tokens), topk, block_size)
     policy = budget_policy(int(tokens), topk, block_size)

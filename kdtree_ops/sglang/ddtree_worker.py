@@ -237,7 +237,7 @@ class DDTreeWorker(BaseSpecWorker):
         except RuntimeError as exc:  # lossless either way: the eager steps compute the same tree and K/V
             self.draft_graphs = self.commit_graphs = None
             logger.warning("DDTREE draft step and drafter K/V writes run eagerly: their CUDA graph capture failed "
-                           "(%s: %s); without %s=1 nothing is captured", type(exc).__name__, exc, GRAPHS_ENV)
+                           "(%s: %s); %s=0 skips the capture", type(exc).__name__, exc, GRAPHS_ENV)
 
     # ---- one scheduler step ------------------------------------------------------------------------------
 

@@ -12,14 +12,14 @@ the first b rows. The committed slots (`prefix_kv`) are gathered straight into t
 widest context a batch can hold. A batch larger than every captured size, or a width no graph holds, runs eagerly.
 
 Capture-safe by construction: no host sync, shapes from (batch size, width) only, the block mask of each size made
-before its capture. Opt-in (KDTREE_DDTREE_DRAFT_GRAPHS=1); off where SGLang captured no decode graphs, and under
-tensor parallelism (the head's top-k exchanges candidates across ranks outside SGLang's graph-capture context).
+before its capture. On by default (KDTREE_DDTREE_DRAFT_GRAPHS=0 runs the step eagerly); off where SGLang captured no
+decode graphs, and under tensor parallelism (the head's top-k exchanges candidates across ranks outside SGLang's
+graph-capture context).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
@@ -28,17 +28,24 @@ from .verify_metadata import prefix_kv
 
 logger = logging.getLogger(__name__)
 
-# Opt-in ("1") until the GPU engine suite's greedy check has run the graphs (its ddtree64-graphs). On an H200 the
-# replayed step took 1.97 ms a round at 32 requests against the eager 4.32 (examples/results/2026-12-06-b32-split).
+# On by default since the GPU engine suite's greedy check passed them (examples/results/2026-12-07-h100, call-2). On an
+# H200 the replayed step took 1.97 ms a round at 32 requests against the eager 4.32 (2026-12-06-b32-split).
 GRAPHS_ENV = "KDTREE_DDTREE_DRAFT_GRAPHS"
+
+
+def draft_graphs_requested() -> bool:
+    """KDTREE_DDTREE_DRAFT_GRAPHS: 1 (the default) captures the draft step where it can, 0 runs it eagerly."""
+    from .ddtree_algorithm import env_switch
+
+    return env_switch(GRAPHS_ENV, "1", "capture DDTREE's draft step in CUDA graphs", "run it eagerly")
 
 
 def draft_graphs_off_reason(device) -> str | None:
     """Why the draft step runs eagerly in this process where SGLang's decode graphs are on, or None."""
     if torch.device(device).type != "cuda":
         return f"{torch.device(device).type} is not a CUDA device"
-    if os.environ.get(GRAPHS_ENV, "0") != "1":
-        return f"{GRAPHS_ENV} is not 1 (the graphs are opt-in)"
+    if not draft_graphs_requested():
+        return f"{GRAPHS_ENV}=0"
     from sglang.srt.runtime_context import get_parallel
 
     if int(get_parallel().tp_size) > 1:
