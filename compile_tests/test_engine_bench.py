@@ -237,3 +237,61 @@ def test_each_batch_size_warms_up_on_the_timed_batch_itself(tmp_path, monkeypatc
     for b, at in first_of.items():
         warm, timed = calls[at], calls[at + 1]
         assert warm == timed and len(timed[0]) == b and timed[1]["max_new_tokens"] == 24
+
+
+def test_a_prompts_file_gives_every_configuration_its_texts_in_turn(tmp_path):
+    plain = tmp_path / "prompts.txt"
+    plain.write_text("def add(a, b):\n\n  Translate: bonjour\n")
+    assert engine_bench.read_prompts(plain) == ["def add(a, b):", "  Translate: bonjour"]
+    lines = tmp_path / "prompts.jsonl"
+    lines.write_text(json.dumps({"prompt": "a\nb"}) + "\n\n" + json.dumps({"prompt": "c", "id": 7}) + "\n")
+    assert engine_bench.read_prompts(lines) == ["a\nb", "c"]  # a prompt may hold newlines there
+    args = _args(prompts_file=str(lines))
+    assert engine_bench.prompts(args, 5) == ["a\nb", "c", "a\nb", "c", "a\nb"]
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("empty.txt", "\n \n", "holds no prompt"),
+    ("bad.jsonl", '{"prompt": "ok"}\n{"text": "no prompt key"}\n', "bad.jsonl:2 is not a"),
+    ("notjson.jsonl", "plain text\n", "notjson.jsonl:1 is not a"),
+    ("number.jsonl", '{"prompt": 3}\n', "number.jsonl:1 is not a"),
+    ("missing.txt", None, "cannot read"),
+])
+def test_a_prompts_file_without_prompts_fails_before_any_engine(tmp_path, name, text, message):
+    path = tmp_path / name
+    if text is not None:
+        path.write_text(text)
+    out = tmp_path / "out"
+    with pytest.raises(ValueError, match=f"--prompts-file: .*{message}"):
+        engine_bench.main(["--model-path", "/m", "--configs", "none", "--prompts-file", str(path), "--out", str(out)])
+    assert not out.exists()
+
+
+def test_text_prompts_reach_the_engine_as_prompts(tmp_path, monkeypatch):
+    import types
+
+    calls = []
+
+    class RecordingEngine:
+        def __init__(self, **kwargs):
+            pass
+
+        def generate(self, prompt=None, input_ids=None, sampling_params=None):
+            calls.append((prompt, input_ids))
+            batch = prompt if prompt is not None else input_ids
+            return [{"meta_info": {"completion_tokens": 3, "spec_verify_ct": 0}} for _ in batch]
+
+        def get_server_info(self):
+            return {"internal_states": []}
+
+        def shutdown(self):
+            pass
+
+    monkeypatch.setitem(sys.modules, "sglang", types.SimpleNamespace(Engine=RecordingEngine))
+    for prompts, field in ((["one", "two"], 0), ([[5, 6], [7, 8]], 1)):
+        calls.clear()
+        spec = tmp_path / "spec.json"
+        spec.write_text(json.dumps({"env": {}, "engine": {}, "new_tokens": 3, "batch_sizes": [2], "prompts": prompts}))
+        engine_bench.run_child(str(spec), str(tmp_path / "out.json"))
+        assert [c[field] for c in calls] == [prompts[:1], prompts, prompts]  # engine warm-up, size warm-up, timed
+        assert all(c[1 - field] is None for c in calls)

@@ -2,12 +2,14 @@
 
     python -m kdtree_ops bench --engine --model-path TARGET --draft-model-path DFLASH_DRAFT \
         [--eagle-draft-model-path EAGLE_DRAFT] [--configs none,dflash,dflash-kdtree,ddtree16,ddtree64,...] \
-        [--batch-sizes 1,4,16,32] [--new-tokens 128] [--base-backend triton] [--engine-args JSON] [--out DIR]
+        [--batch-sizes 1,4,16,32] [--new-tokens 128] [--prompts-file PROMPTS] [--base-backend triton] \
+        [--engine-args JSON] [--out DIR]
 
 Each configuration runs in a fresh process (SGLang keeps one Engine a process, and a crashed engine must not take
 the others down) with CUDA graphs on (SGLang's default) unless --engine-args says otherwise. Per batch size B: the
-timed batch run once untimed as its warm-up, then B greedy requests of random prompts (ids from --vocab-range; the
-same prompts for every configuration) generating --new-tokens each with ignore_eos; tokens/s = the batch's
+timed batch run once untimed as its warm-up, then B greedy requests (the same prompts for every configuration: the
+first B of --prompts-file, else random ids from --vocab-range) generating --new-tokens each with ignore_eos; a
+drafter's agreement, and so the speculative rows, depend on the prompts: give yours. tokens/s = the batch's
 completion tokens over its wall time, and tokens per verify step from SGLang's `spec_verify_ct`. Configurations:
 - `none`: no speculation; `ngram`, `eagle`, `dflash`: SGLang's algorithm with its own verify (the base backend);
 - `ngram-kdtree`, `eagle-kdtree`, `dflash-kdtree`: the same with `--attention-backend kdtree` (verify by the op);
@@ -55,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--vocab-range", default=None, help="LOW,HIGH: prompt ids (default 100 .. the model's vocab)")
+    p.add_argument("--prompts-file", default=None,
+                   help="text prompts, one a line, or a .jsonl file of {\"prompt\": TEXT} lines (the engine "
+                        "tokenizes them; reused in turn when fewer than the largest batch size); default: random ids")
     p.add_argument("--base-backend", default=None,
                    help="the attention backend of the non-kdtree configurations and kdtree's base (default: SGLang's)")
     p.add_argument("--engine-args", default="{}", help="JSON of extra sglang.Engine arguments for every configuration")
@@ -116,6 +121,10 @@ def _need(value, flag: str):
 
 
 def prompts(args, count: int) -> list:
+    """The first `count` prompts of every configuration: --prompts-file's texts (in turn), else random token ids."""
+    if args.prompts_file:
+        texts = read_prompts(Path(args.prompts_file))
+        return [texts[i % len(texts)] for i in range(count)]
     if args.vocab_range:
         low, high = (int(x) for x in args.vocab_range.split(","))
     else:
@@ -123,6 +132,31 @@ def prompts(args, count: int) -> list:
         low, high = 100, int(config["vocab_size"])
     rng = random.Random(0)
     return [[rng.randrange(low, high) for _ in range(args.prompt_len)] for _ in range(count)]
+
+
+def read_prompts(path: Path) -> list[str]:
+    """--prompts-file: one prompt a non-empty line, or in a .jsonl file a {"prompt": TEXT} object a line."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise ValueError(f"--prompts-file: cannot read {path}: {e.strerror}") from None
+    texts = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if path.suffix != ".jsonl":
+            texts.append(line)
+            continue
+        try:
+            text = json.loads(line)["prompt"]
+        except (ValueError, TypeError, KeyError):
+            text = None
+        if not isinstance(text, str):
+            raise ValueError(f"--prompts-file: {path}:{number} is not a {{\"prompt\": TEXT}} line")
+        texts.append(text)
+    if not texts:
+        raise ValueError(f"--prompts-file: {path} holds no prompt")
+    return texts
 
 
 def run_child(spec_path: str, out_path: str) -> None:
@@ -138,18 +172,22 @@ def run_child(spec_path: str, out_path: str) -> None:
         states = engine.get_server_info()["internal_states"]
         return (states[0].get("ddtree") or [None])[0] if states else None
 
+    def generate(batch, params):  # texts (--prompts-file) go in as prompts, random ids as input_ids
+        return engine.generate(**{"prompt" if isinstance(batch[0], str) else "input_ids": batch},
+                               sampling_params=params)
+
     try:
         params = {"max_new_tokens": spec["new_tokens"], "temperature": 0.0, "ignore_eos": True}
-        engine.generate(input_ids=spec["prompts"][:1], sampling_params=dict(params, max_new_tokens=8))
+        generate(spec["prompts"][:1], dict(params, max_new_tokens=8))
         for b in spec["batch_sizes"]:
             batch = spec["prompts"][:b]
             # this size's warm-up: the timed batch itself (same prompts, greedy), so every kernel variant its rounds
             # meet (Triton specializes on lengths) is compiled before the clock starts; a first engine on a machine
             # otherwise pays those compiles inside its timed batch (1.6x slower at B=32 on the H200)
-            engine.generate(input_ids=batch, sampling_params=params)
+            generate(batch, params)
             before = ddtree_stats()
             t0 = time.perf_counter()
-            outs = engine.generate(input_ids=batch, sampling_params=params)
+            outs = generate(batch, params)
             seconds = time.perf_counter() - t0
             tokens = sum(o["meta_info"]["completion_tokens"] for o in outs)
             verify = sum(o["meta_info"].get("spec_verify_ct", 0) or 0 for o in outs)
@@ -332,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     for name in names:
         engine_config(name, args)  # a bad name or a missing draft fails before any engine starts
+    if args.prompts_file:  # and so does a prompts file without prompts
+        read_prompts(Path(args.prompts_file))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     records = []
