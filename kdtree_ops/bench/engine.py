@@ -55,7 +55,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--configs", default=DEFAULT_CONFIGS, help=f"comma-separated (default {DEFAULT_CONFIGS})")
     p.add_argument("--batch-sizes", default="1,4,16,32")
     p.add_argument("--new-tokens", type=int, default=128)
-    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=64, help="tokens a random prompt (without --prompts-file)")
     p.add_argument("--vocab-range", default=None, help="LOW,HIGH: prompt ids (default 100 .. the model's vocab)")
     p.add_argument("--prompts-file", default=None,
                    help="text prompts, one a line, or a .jsonl file of {\"prompt\": TEXT} lines (the engine "
