@@ -120,6 +120,10 @@ def _need(value, flag: str):
     return value
 
 
+def batch_sizes(args) -> list[int]:
+    return [int(b) for b in args.batch_sizes.split(",")]
+
+
 def prompts(args, count: int) -> list:
     """The first `count` prompts of every configuration: --prompts-file's texts (in turn), else random token ids."""
     if args.prompts_file:
@@ -212,14 +216,14 @@ def stats_delta(before: dict | None, after: dict | None) -> dict | None:
     return delta
 
 
-def run_config(name: str, args, out: Path, profile: bool = False) -> dict:
+def run_config(name: str, args, out: Path, batch_prompts: list, profile: bool = False) -> dict:
+    """One configuration's engine in its own process, on batch_prompts (every configuration's, main)."""
     engine, env = engine_config(name, args)
     if profile:
         env["KDTREE_DDTREE_PROFILE"] = "1"
-    sizes = [int(b) for b in args.batch_sizes.split(",")]
     tag = name + ("-profile" if profile else "")
-    spec = {"engine": engine, "env": env, "batch_sizes": sizes, "new_tokens": args.new_tokens,
-            "prompts": prompts(args, max(sizes))}
+    spec = {"engine": engine, "env": env, "batch_sizes": batch_sizes(args), "new_tokens": args.new_tokens,
+            "prompts": batch_prompts}
     (out / f"{tag}.spec.json").write_text(json.dumps(spec))
     result_path, log_path = out / f"{tag}.result.json", out / f"{tag}.log"
     result_path.unlink(missing_ok=True)
@@ -370,8 +374,8 @@ def main(argv: list[str] | None = None) -> int:
     names = [c.strip() for c in args.configs.split(",") if c.strip()]
     for name in names:
         engine_config(name, args)  # a bad name or a missing draft fails before any engine starts
-    if args.prompts_file:  # and so does a prompts file without prompts
-        read_prompts(Path(args.prompts_file))
+    # read once for every configuration, so a prompts file without prompts also fails before any engine starts
+    batch_prompts = prompts(args, max(batch_sizes(args)))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     records = []
@@ -380,7 +384,7 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(n, p) for n in names for p in (False, True) if not p or (args.profile and n.startswith("ddtree"))]
     for name, profile in jobs:
         print(f"kdtree_ops bench --engine: {name}{' (profiled)' if profile else ''} ...", flush=True)
-        record = run_config(name, args, out, profile)
+        record = run_config(name, args, out, batch_prompts, profile)
         records.append(record)
         with (out / "engine_bench.json").open("a") as f:
             f.write(json.dumps(record, default=float) + "\n")
