@@ -10,7 +10,8 @@ different rounds and merged as chunked prompts join the running batch. Shown, gr
 a. with the radix cache (a second round over cached prefixes) and without it under 16-token chunked prefill, DDTREE
    on the overlap scheduler equals the engine without speculation token for token, accepting drafts;
 b. every decode round ran on the overlap loop (the worker counts the rounds SGLang handed `on_publish`, which only
-   the overlap loop does), and none did without KDTREE_DDTREE_OVERLAP (the synchronous default);
+   the overlap loop does), and none did without KDTREE_DDTREE_OVERLAP (the synchronous default); plain-decode
+   rounds publish before their verify (their lengths grow by one), so the host prepares the next round meanwhile;
 c. a bad KDTREE_DDTREE_OVERLAP or KDTREE_DDTREE_DRAFT_GRAPHS fails at launch, naming the values;
    KDTREE_DDTREE_BUDGETS changes the rounds' widths
    on the overlap loop as on the synchronous one, lossless;
@@ -94,6 +95,7 @@ def test_every_round_ran_on_the_overlap_loop_and_none_by_default(overlap_radix, 
     for run in (overlap_radix, overlap_chunked):
         worker = run["worker"]
         assert worker["rounds"] > 0 and worker["published"] == worker["rounds"], worker
+        assert worker["published_early"] == 0, worker  # trees publish after accepting
         assert "KDTREE_DDTREE_OVERLAP=1, overlap scheduling on" in run["log"]
     assert synchronous["worker"]["rounds"] > 0 and synchronous["worker"]["published"] == 0, synchronous["worker"]
     assert "overlap scheduling turned off" in synchronous["log"]
@@ -111,6 +113,8 @@ def test_overlapped_rounds_change_width_as_the_batch_shrinks(host, models, refer
         host.stop()
     assert [o["output_ids"] for o in outputs] == [ids[:n] for ids, n in zip(reference["ids"], BUDGET_LENGTHS)]
     assert worker["rounds"] > 0 and worker["published"] == worker["rounds"], worker
+    # the plain-decode rounds (and only they: the others must accept first) published before their verify
+    assert 0 < worker["published_early"] < worker["rounds"], worker
     log = host.new_log()
     for change in ("batch of 4 requests: trees of 1 tokens", "batch of 2 requests: trees of 4 tokens",
                    "batch of 1 requests: trees of 16 tokens"):

@@ -26,10 +26,10 @@ own seeded sampling token for token (ddtree/sampling.py), penalties applied as S
 logits; log-probs are returned for the accepted tokens (the rows of their nodes), as NGRAM returns them. The round
 is SGLang's spec v2 worker step: by default the scheduler runs it synchronously (it copies the new lengths to the
 host after each round); with KDTREE_DDTREE_OVERLAP=1 it runs on the overlap scheduler: the round publishes the new
-lengths (`on_publish`, after accept and before the commit, as DFLASH does) and returns the carry SGLang relays
-through its FutureMap, and the next round's host lengths (`seq_lens_cpu`, which size the draft's prefix gather and
-kdtree's verify metadata) are what the scheduler copied once this round's publish point ran (examples/sglang/
-OVERLAP.md). Grammar-constrained requests are refused: DDTREE launches with `--grammar-backend none`, so SGLang
+lengths (`on_publish`, after accept and before the commit, as DFLASH does; a plain-decode round, whose lengths grow
+by one, before its verify) and returns the carry SGLang relays through its FutureMap, and the next round's host
+lengths (`seq_lens_cpu`, which size the draft's prefix gather and kdtree's verify metadata) are what the scheduler
+copied once this round's publish point ran (examples/sglang/OVERLAP.md). Grammar-constrained requests are refused: DDTREE launches with `--grammar-backend none`, so SGLang
 aborts them with its own message and the server goes on.
 """
 
@@ -79,13 +79,14 @@ class PhaseClock:
     two rounds (results to the host, output processing, the next batch's preparation), which the synchronous
     scheduler adds to every round and the overlap scheduler runs while the device works; `host_gaps` counts them.
     `published` counts the rounds that published their lengths (`on_publish`: SGLang passes it on the overlap
-    scheduler only), counted whether or not profiling is on."""
+    scheduler only) and `published_early` those of them that published before their verify (plain decode), both
+    counted whether or not profiling is on."""
 
     def __init__(self, device):
         self.enabled = os.environ.get(PROFILE_ENV, "") == "1"
         self.device = torch.device(device)
         self.seconds = dict.fromkeys((*PHASES, "host"), 0.0)
-        self.rounds = self.drafts_accepted = self.host_gaps = self.published = 0
+        self.rounds = self.drafts_accepted = self.host_gaps = self.published = self.published_early = 0
         self._last = 0.0
         self._round_end: float | None = None  # the last decode round's end, until a prefill runs
 
@@ -107,9 +108,10 @@ class PhaseClock:
             self.seconds[phase] += now - self._last
             self._last = now
 
-    def end(self, accept_len: torch.Tensor, published: bool) -> None:
+    def end(self, accept_len: torch.Tensor, published: bool, early: bool) -> None:
         self.rounds += 1
         self.published += int(published)
+        self.published_early += int(early)
         if self.enabled:
             self.drafts_accepted += int(accept_len.sum())
             self._round_end = self._now()
@@ -119,7 +121,8 @@ class PhaseClock:
         self._round_end = None
 
     def stats(self) -> dict:
-        out = {"rounds": self.rounds, "published": self.published, "profiled": self.enabled}
+        out = {"rounds": self.rounds, "published": self.published, "published_early": self.published_early,
+               "profiled": self.enabled}
         if self.enabled:
             out.update(drafts_accepted=self.drafts_accepted, host_gaps=self.host_gaps, seconds=dict(self.seconds))
         return out
@@ -282,6 +285,12 @@ class DDTreeWorker(BaseSpecWorker):
             prefix.record_stream(torch.cuda.current_stream(prefix.device))
         req_to_token = self.req_to_token_pool.req_to_token
         self.clock.start()
+        # Overlap: plain decode accepts no draft, so its next lengths are known before the verify, and published
+        # there the scheduler prepares the next round while this one's forward runs, as without speculation (the
+        # scheduler's host waits for the publish before it prepares a round: examples/sglang/OVERLAP.md)
+        publish_early = n == 1 and on_publish is not None
+        if publish_early:
+            on_publish(prefix + 1)
         # 1-2. the draft step's graph where one holds this batch (the clock counts draft and build as `draft`) ...
         graphs = self.draft_graphs if n > 1 else None
         tree = graphs.run(bonus, prefix, batch.req_pool_indices, batch.seq_lens_cpu, n) if graphs else None
@@ -323,7 +332,7 @@ class DDTreeWorker(BaseSpecWorker):
                                   accept_index=torch.where(accepted >= 0, node_rows, -1))
         accept_lens = (accept_len + 1).to(torch.int32)
         new_seq_lens = prefix + accept_lens.to(prefix.dtype)
-        if on_publish is not None:  # overlap: the next round's lengths, published before the commit (as DFLASH)
+        if on_publish is not None and not publish_early:  # overlap: published before the commit (as DFLASH)
             on_publish(new_seq_lens)
         self.clock.lap("accept")
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
@@ -346,7 +355,7 @@ class DDTreeWorker(BaseSpecWorker):
         emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens)
         batch.forward_mode = ForwardMode.DECODE
         self.clock.lap("commit")
-        self.clock.end(accept_len, published=on_publish is not None)
+        self.clock.end(accept_len, published=on_publish is not None, early=publish_early)
         return GenerationBatchResult(
             logits_output=logits_output, next_token_ids=emitted.reshape(-1), accept_lens=accept_lens,
             can_run_cuda_graph=out.can_run_cuda_graph, new_seq_lens=new_seq_lens,
