@@ -29,8 +29,8 @@ host after each round); with KDTREE_DDTREE_OVERLAP=1 it runs on the overlap sche
 lengths (`on_publish`, after accept and before the commit, as DFLASH does; a plain-decode round, whose lengths grow
 by one, before its verify) and returns the carry SGLang relays through its FutureMap, and the next round's host
 lengths (`seq_lens_cpu`, which size the draft's prefix gather and kdtree's verify metadata) are what the scheduler
-copied once this round's publish point ran (examples/sglang/OVERLAP.md). Grammar-constrained requests are refused: DDTREE launches with `--grammar-backend none`, so SGLang
-aborts them with its own message and the server goes on.
+copied once this round's publish point ran (examples/sglang/OVERLAP.md). Grammar-constrained requests are refused:
+DDTREE launches with `--grammar-backend none`, so SGLang aborts them with its own message and the server goes on.
 """
 
 from __future__ import annotations
