@@ -290,7 +290,8 @@ class DDTreeWorker(BaseSpecWorker):
         # scheduler's host waits for the publish before it prepares a round: examples/sglang/OVERLAP.md)
         publish_early = n == 1 and on_publish is not None
         if publish_early:
-            on_publish(prefix + 1)
+            new_seq_lens = prefix + 1  # the value the round returns: one tensor, published and returned
+            on_publish(new_seq_lens)
         # 1-2. the draft step's graph where one holds this batch (the clock counts draft and build as `draft`) ...
         graphs = self.draft_graphs if n > 1 else None
         tree = graphs.run(bonus, prefix, batch.req_pool_indices, batch.seq_lens_cpu, n) if graphs else None
@@ -331,9 +332,10 @@ class DDTreeWorker(BaseSpecWorker):
             compute_spec_logprobs(batch, logits_output, targets.reshape(-1),
                                   accept_index=torch.where(accepted >= 0, node_rows, -1))
         accept_lens = (accept_len + 1).to(torch.int32)
-        new_seq_lens = prefix + accept_lens.to(prefix.dtype)
-        if on_publish is not None and not publish_early:  # overlap: published before the commit (as DFLASH)
-            on_publish(new_seq_lens)
+        if not publish_early:
+            new_seq_lens = prefix + accept_lens.to(prefix.dtype)
+            if on_publish is not None:  # overlap: the next round's lengths, published before the commit (as DFLASH)
+                on_publish(new_seq_lens)
         self.clock.lap("accept")
         # 5. commit: target K/V of the accepted nodes to L_b + d, then the draft K/V of the same positions
         node_slots = out_cache_loc.view(bs, n).to(torch.int64)
