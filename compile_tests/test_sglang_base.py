@@ -93,13 +93,13 @@ def test_members_the_wrapper_does_not_define_are_the_base_s():
     rig = Rig(base="triton")
     backend, base = rig.backend, rig.backend.base
     own = {"forward", "forward_extend", "forward_decode", "init_forward_metadata", "init_cuda_graph_state",
-           "init_forward_metadata_out_graph", "init_forward_metadata_in_graph", "verify_mask", "needs_cpu_seq_lens",
+           "init_forward_metadata_out_graph", "init_forward_metadata_in_graph", "verify_mask",
            "update_verify_buffers_to_fill_after_draft", "glue_target_verify_metadata", "__init__"}
     for name in vars(AttentionBackend):
         if name.startswith("__") or name == "_abc_impl":
             continue
         member = vars(KDTreeAttnBackend)[name]
-        assert (name in own) != isinstance(member, property) or name in ("verify_mask", "needs_cpu_seq_lens"), name
+        assert (name in own) != isinstance(member, property) or name == "verify_mask", name
     assert backend.get_cuda_graph_seq_len_fill_value is not None  # a method of AttentionBackend: the base's
     assert backend.kv_index_translator is base.kv_index_translator is rig.runner.kv_index_translator
     assert backend.get_cuda_graph_seq_len_fill_value() == base.get_cuda_graph_seq_len_fill_value()
@@ -185,17 +185,26 @@ def test_validate_mode_compares_with_the_base(monkeypatch, planted):
 # ---- host lengths -------------------------------------------------------------------------------------------------
 
 
-def test_kdtree_asks_for_host_lengths_whatever_its_base_answers():
-    """kdtree's verify metadata bounds its prefix-slot gather by seq_lens_cpu; SGLang's overlap scheduler publishes
-    them only when some backend needs them (decide_needs_cpu_seq_lens). Triton answers False (it once was forwarded,
-    and then every verify step gathered a batch x context table)."""
+def test_kdtree_asks_for_host_lengths_only_where_its_base_does():
+    """kdtree's verify metadata sizes its prefix-slot gather by a host bound on the lengths (seq_lens_cpu's max, else
+    SGLang's max_seq_len_host), so it asks for host lengths (needs_cpu_seq_lens) exactly where its base does: over
+    triton SGLang's overlap scheduler copies none and never waits for a round's publish (decide_needs_cpu_seq_lens).
+    Each way the step is the float64 reference; the gather spans the host lengths, the allocated bound, or (with
+    neither) the table's width."""
     from sglang.srt.managers.overlap_utils import decide_needs_cpu_seq_lens
 
     rig = Rig(base="triton")
     assert rig.backend.base.needs_cpu_seq_lens is False
-    assert rig.backend.needs_cpu_seq_lens is True
-    assert decide_needs_cpu_seq_lens([rig.backend]) is True
-    assert decide_needs_cpu_seq_lens([rig.backend.base]) is False  # control: the base alone would drop them
+    assert rig.backend.needs_cpu_seq_lens is False and decide_needs_cpu_seq_lens([rig.backend]) is False
+    rig.backend.base.needs_cpu_seq_lens = True  # a base that reads host lengths: kdtree asks for them too
+    assert rig.backend.needs_cpu_seq_lens is True and decide_needs_cpu_seq_lens([rig.backend]) is True
+    del rig.backend.base.needs_cpu_seq_lens
     step = Step(rig, (4, 9), seed=2)
-    rig.backend.init_forward_metadata(step.forward_batch())
-    assert rig.backend._step.kv_indices.numel() <= 2 * 9 + 1  # bounded by the host lengths, not the context
+    width = rig.runner.req_to_token_pool.req_to_token.shape[1]
+    for host_lens, allocated, gathered in ((True, None, 9), (False, 12, 12), (False, None, width)):
+        fb = step.forward_batch()
+        fb.seq_lens_cpu = fb.seq_lens_cpu if host_lens else None
+        fb.max_seq_len_host = allocated
+        rig.backend.init_forward_metadata(fb)
+        assert rig.backend._step.kv_indices.numel() == 2 * gathered + 1
+        assert_served(rig, step, run_layers(rig, step, fb), [])

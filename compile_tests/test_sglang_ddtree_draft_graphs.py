@@ -92,8 +92,9 @@ def test_a_round_from_a_graph_gets_the_eager_step_s_tree(seed):
         rows = torch.tensor(rng.sample(range(12), b), dtype=torch.int64)
         prefix = torch.tensor([rng.randrange(0, 21) for _ in range(b)], dtype=torch.int64)
         bonus = torch.tensor([rng.randrange(VOCAB) for _ in range(b)], dtype=torch.int64)
-        got = graphs.run(bonus, prefix, rows, prefix.clone(), width)
-        indptr, indices = prefix_kv(req_to_token, rows, prefix, prefix)
+        host_bound = rng.choice([int(prefix.max()), int(prefix.max()) + rng.randrange(1, 9), None])  # exact, loose
+        got = graphs.run(bonus, prefix, rows, host_bound, width)
+        indptr, indices = prefix_kv(req_to_token, rows, prefix, None)
         logprobs, tokens = SlotDrafter().propose(bonus, prefix, indptr, indices, TOPK)
         want = ddtree.build_tree(logprobs, tokens, bonus, width - 1)
         assert got is not None and len(got) == 4
@@ -108,9 +109,9 @@ def test_a_batch_no_graph_holds_runs_eagerly():
     graphs = CpuDraftGraphs(SlotDrafter(), TOPK, req_to_token, [(2, 8)])
     one = torch.ones(1, dtype=torch.int64)
     three = torch.ones(3, dtype=torch.int64)
-    assert graphs.run(three, three, torch.arange(3), three, 8) is None  # larger than every size
-    assert graphs.run(one, one, torch.arange(1), one, 5) is None  # a width not captured
-    assert graphs.run(one, one, torch.arange(1), one, 8) is not None
+    assert graphs.run(three, three, torch.arange(3), 1, 8) is None  # larger than every size
+    assert graphs.run(one, one, torch.arange(1), 1, 5) is None  # a width not captured
+    assert graphs.run(one, one, torch.arange(1), 1, 8) is not None
 
 
 def test_a_cpu_worker_drafts_eagerly():

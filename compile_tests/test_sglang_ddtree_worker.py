@@ -5,7 +5,7 @@ buffer), so every host value the round sends to the device goes through SGLang's
 the platform has it, an asynchronous copy): the requests' seeds (when SGLang keeps none) and the prefill's extend
 lengths, from which the prefill positions are built on the device. Checked: the values (positions against the host
 rule, seeded draws against the op on the same seeds) and that the transfers took that path (a recorder in its
-place). The kdtree backend asks SGLang for host sequence lengths (`needs_cpu_seq_lens`), whatever its base answers.
+place). A round's prefix gathers are sized by a host bound on the lengths that needs no copy of them.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from sglang.srt.utils.common import async_h2d  # noqa: E402
 
 from kdtree_ops import ddtree  # noqa: E402
 from kdtree_ops.sglang import ddtree_worker  # noqa: E402
-from kdtree_ops.sglang.ddtree_worker import DDTreeWorker  # noqa: E402
+from kdtree_ops.sglang.ddtree_worker import DDTreeWorker, bound_committed_lengths  # noqa: E402
+from kdtree_ops.sglang.verify_metadata import host_length_bound  # noqa: E402
 
 
 @pytest.fixture
@@ -106,3 +107,14 @@ def test_sampling_seeds_go_to_the_device_by_async_h2d(transfers, monkeypatch):
     want = ddtree.sample_targets(logits, positions, info.temperatures, info.top_ks, info.top_ps, info.min_ps,
                                  torch.tensor(seeds))
     assert torch.equal(got, want)
+
+
+def test_a_round_s_length_bound_needs_no_host_lengths():
+    """With host lengths the bound is their max; without them (the overlap scheduler when no backend needs them) it
+    is the largest KV length SGLang allocated to a request, set as the batch's max_seq_len_host, where the verify
+    forward's metadata reads it (host_length_bound)."""
+    reqs = [SimpleNamespace(kv=SimpleNamespace(kv_allocated_len=n)) for n in (40, 72, 9)]
+    batch = SimpleNamespace(reqs=reqs, seq_lens_cpu=torch.tensor([33, 61, 5]))
+    assert bound_committed_lengths(batch) == 61 and not hasattr(batch, "max_seq_len_host")
+    batch.seq_lens_cpu = None
+    assert bound_committed_lengths(batch) == 72 == batch.max_seq_len_host == host_length_bound(batch, 3)

@@ -93,17 +93,18 @@ def test_prefix_slots_from_req_to_token():
 
 def test_prefix_kv_fresh_and_into_static_buffers():
     """Request 0 reads table row 2 (3 slots), request 1 row 0 (5): kv_indptr [0, 3, 8] and their slots, in fresh
-    tensors sized by the host lengths (else by the table's width) or in static buffers, written only there."""
+    tensors sized by a host bound on the lengths (the host lengths' max, a looser allocated length, else the table's
+    width) or in static buffers, written only there."""
     req_to_token = torch.arange(100, 124, dtype=torch.int32).view(4, 6)
     rows, lens = torch.tensor([2, 0]), torch.tensor([3, 5], dtype=torch.int32)
     slots = [112, 113, 114, 100, 101, 102, 103, 104]
-    for host_lens, size in ((lens.clone(), 2 * 5 + 1), (None, 2 * 6 + 1)):
-        kv_indptr, kv_indices = prefix_kv(req_to_token, rows, lens, host_lens)
+    for host_bound, size in ((5, 2 * 5 + 1), (6, 2 * 6 + 1), (None, 2 * 6 + 1), (9, 2 * 6 + 1)):  # 9: clamped
+        kv_indptr, kv_indices = prefix_kv(req_to_token, rows, lens, host_bound)
         assert kv_indptr.tolist() == [0, 3, 8] and kv_indices[:8].tolist() == slots
         assert kv_indices.shape == (size,) and kv_indptr.dtype == kv_indices.dtype == torch.int32
     indptr_buffer = torch.full((5,), -1, dtype=torch.int32)
     indices_buffer = torch.full((4 * 6 + 1,), -7, dtype=torch.int32)
-    kv_indptr, kv_indices = prefix_kv(req_to_token, rows, lens, lens.clone(), indptr_buffer, indices_buffer, 6)
+    kv_indptr, kv_indices = prefix_kv(req_to_token, rows, lens, 5, indptr_buffer, indices_buffer, 6)
     assert kv_indptr.data_ptr() == indptr_buffer.data_ptr() and kv_indices is indices_buffer
     assert indptr_buffer.tolist() == [0, 3, 8, -1, -1]
     assert indices_buffer[:8].tolist() == slots and indices_buffer[8:-1].eq(-7).all()  # the last entry: scratch

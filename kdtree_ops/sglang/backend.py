@@ -315,13 +315,6 @@ class KDTreeAttnBackend(BaseAttributes, AttentionBackend):
                                            mask_words(tokens), self.verify_mask)
 
     @property
-    def needs_cpu_seq_lens(self) -> bool:
-        """True, whatever the base answers: the verify metadata bounds its prefix-slot gather by the step's host
-        lengths (`seq_lens_cpu`); without them (SGLang's overlap scheduler drops them when every backend answers
-        False) it would gather a batch x context table at every verify step."""
-        return True
-
-    @property
     def verify_mask(self):
         """The base's: the draft writes its tree there, in the base's layout, and kdtree reads either layout."""
         return self.base.verify_mask

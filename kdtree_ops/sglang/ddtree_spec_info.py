@@ -14,7 +14,8 @@ On SGLang's overlap scheduler (KDTREE_DDTREE_OVERLAP=1) the carry a round return
 scheduler stashes its bonus tokens in the FutureMap (`RelayPayload.from_draft_input`, which reads EAGLE's fields
 too, None here), sets `future_indices`, and the next round's `resolve_forward_inputs` gathers the bonus tokens
 back into it on the forward stream, as DFLASH's DFlashDraftInputV2 is relayed; the committed lengths travel by
-the worker's `on_publish` (FutureMap.publish) and come back as the batch's `seq_lens` / `seq_lens_cpu`.
+the worker's `on_publish` (FutureMap.publish) and come back as the batch's `seq_lens` (and `seq_lens_cpu` where
+a backend needs host lengths).
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ the caches):
      layer), and the drafter writes the same positions' draft K/V from the target's hidden states there;
   6. SGLang gets the accepted drafts and the bonus token per request (`ddtree.emitted_tokens`: rows of D + 1,
      D = min(K, budget)).
-No step reads the device from the host; shapes come from (B, N, K, top-k) and the batch's host lengths; the host
+No step reads the device from the host; shapes come from (B, N, K, top-k) and a host bound on the lengths; the host
 values the device needs (seeds SGLang does not keep, a prefill's extend lengths) go by SGLang's `async_h2d` (pinned
 staging, an asynchronous copy: a pageable `non_blocking` copy would synchronize the stream). Prefill (extend) batches run the
 target with its DFlash layers captured and fill the draft cache for the prompt's tokens (chunk by chunk, and
@@ -27,9 +27,11 @@ logits; log-probs are returned for the accepted tokens (the rows of their nodes)
 is SGLang's spec v2 worker step: by default the scheduler runs it synchronously (it copies the new lengths to the
 host after each round); with KDTREE_DDTREE_OVERLAP=1 it runs on the overlap scheduler: the round publishes the new
 lengths (`on_publish`, after accept and before the commit, as DFLASH does; a plain-decode round, whose lengths grow
-by one, before its verify) and returns the carry SGLang relays through its FutureMap, and the next round's host
-lengths (`seq_lens_cpu`, which size the draft's prefix gather and kdtree's verify metadata) are what the scheduler
-copied once this round's publish point ran (examples/sglang/OVERLAP.md). Grammar-constrained requests are refused:
+by one, before its verify) and returns the carry SGLang relays through its FutureMap. The prefix gathers (the
+draft's, kdtree's verify metadata) are sized by a host bound on the lengths that needs no copy of them
+(`bound_committed_lengths`: the KV lengths SGLang allocated), so the kdtree backend asks for host lengths only
+where its base does, and over triton the scheduler prepares round n+1 without waiting for round n's publish
+(examples/sglang/OVERLAP.md). Grammar-constrained requests are refused:
 DDTREE launches with `--grammar-backend none`, so SGLang aborts them with its own message and the server goes on.
 """
 
@@ -58,7 +60,7 @@ from .ddtree_budgets import budget_policy
 from .ddtree_spec_info import DDTreeCarry, DDTreeVerifyInput
 from .dflash_drafter import DFlashDrafter
 from .draft_graphs import GRAPHS_ENV, DraftGraphs, capture_plan, draft_graphs_off_reason
-from .verify_metadata import prefix_kv
+from .verify_metadata import host_length_bound, prefix_kv
 from .verify_widths import VerifyWidthGraphs, narrower_widths
 
 logger = logging.getLogger(__name__)
@@ -135,6 +137,17 @@ def extend_positions(seq_lens: torch.Tensor, extend_lens: torch.Tensor, num_toke
     request = torch.repeat_interleave(torch.arange(lens.shape[0], device=lens.device), lens, output_size=num_tokens)
     run_end = torch.cumsum(lens, 0)[request]  # the batch index one past the token's run
     return seq_lens.to(torch.int64)[request] - (run_end - torch.arange(num_tokens, device=lens.device))
+
+
+def bound_committed_lengths(batch) -> int:
+    """A host upper bound on a decode batch's committed lengths, which sizes its prefix gathers (the draft's and
+    kdtree's verify metadata): the max of `seq_lens_cpu` where the scheduler copied the lengths to the host; else
+    (the overlap scheduler when no backend `needs_cpu_seq_lens`) the largest KV length SGLang allocated to a request,
+    host state its decode preparation keeps (`req.kv.kv_allocated_len`; a slot is allocated before it is written),
+    also set as the batch's `max_seq_len_host`, SGLang's field for this bound, so the verify forward carries it."""
+    if batch.seq_lens_cpu is None:
+        batch.max_seq_len_host = max(int(r.kv.kv_allocated_len) for r in batch.reqs)
+    return host_length_bound(batch, len(batch.reqs))
 
 
 def request_seed(req) -> int:
@@ -284,22 +297,23 @@ class DDTreeWorker(BaseSpecWorker):
         if prefix.device.type == "cuda":  # overlap: gathered from the FutureMap on the schedule stream
             prefix.record_stream(torch.cuda.current_stream(prefix.device))
         req_to_token = self.req_to_token_pool.req_to_token
+        host_bound = bound_committed_lengths(batch)
         self.clock.start()
         # Overlap: plain decode accepts no draft, so its next lengths are known before the verify, and published
-        # there the scheduler prepares the next round while this one's forward runs, as without speculation (the
-        # scheduler's host waits for the publish before it prepares a round: examples/sglang/OVERLAP.md)
+        # there the scheduler prepares the next round while this one's forward runs, as without speculation (where
+        # a backend needs host lengths, the scheduler's host waits for the publish: examples/sglang/OVERLAP.md)
         publish_early = n == 1 and on_publish is not None
         if publish_early:
             new_seq_lens = prefix + 1  # the value the round returns: one tensor, published and returned
             on_publish(new_seq_lens)
         # 1-2. the draft step's graph where one holds this batch (the clock counts draft and build as `draft`) ...
         graphs = self.draft_graphs if n > 1 else None
-        tree = graphs.run(bonus, prefix, batch.req_pool_indices, batch.seq_lens_cpu, n) if graphs else None
+        tree = graphs.run(bonus, prefix, batch.req_pool_indices, host_bound, n) if graphs else None
         if tree is not None:
             self.clock.lap("draft")
         else:  # ... else eagerly: draft over the committed slots (the host's bound on the lengths sizes the gather)
             if n > 1:
-                kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, batch.seq_lens_cpu)
+                kv_indptr, kv_indices = prefix_kv(req_to_token, batch.req_pool_indices, prefix, host_bound)
                 logprobs, candidates = self.drafter.propose(bonus, prefix, kv_indptr, kv_indices, self.topk)
             else:  # plain decode: the root alone, nothing drafted
                 logprobs = torch.zeros((bs, 1, 1), dtype=torch.float32, device=self.device)

@@ -7,8 +7,9 @@ members callers use and forwards each to the backend that does the work. kdtree 
 each release:
 
 - members declared on `AttentionBackend` (class-level defaults, methods such as `shared_read_ends`) become
-  properties reading and writing the base's, since the class default would otherwise answer in the base's place;
-  `needs_cpu_seq_lens` is kdtree's own (backend.py: its verify metadata reads the host lengths);
+  properties reading and writing the base's, since the class default would otherwise answer in the base's place
+  (`needs_cpu_seq_lens` among them: kdtree's verify metadata sizes its gather by a host bound that needs no host
+  lengths, verify_metadata.host_length_bound, so the base decides);
 - everything else the base has (its own attributes and methods) is reached through `__getattr__`.
 
 The names of the backend (`prefill_attention_backend_str`/`decode_attention_backend_str`) answer the base's:

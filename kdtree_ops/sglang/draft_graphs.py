@@ -118,10 +118,12 @@ class DraftGraphs:
     def padded_size(self, batch_size: int) -> int | None:
         return next((size for size in self.sizes if size >= batch_size), None)
 
-    def run(self, bonus: torch.Tensor, prefix: torch.Tensor, req_pool_indices: torch.Tensor, host_lens,
+    def run(self, bonus: torch.Tensor, prefix: torch.Tensor, req_pool_indices: torch.Tensor, host_bound: int | None,
             width: int):
         """The tree of a round (build_tree's outputs, the first b rows) from its graph, or None where no graph
-        holds (b, width): the caller runs the step eagerly."""
+        holds (b, width): the caller runs the step eagerly. host_bound: an upper bound on the prefix lengths known
+        on the host (verify_metadata.host_length_bound), or None: it sizes the prefix gather (else the table's
+        width)."""
         b = bonus.shape[0]
         size = self.padded_size(b)
         entry = self.graphs.get((size, width)) if size is not None else None
@@ -134,8 +136,7 @@ class DraftGraphs:
         if size > b:  # padding rows: an empty prefix (their indptr entries repeat the last request's end)
             self.bonus[b:size].zero_()
             self.prefix[b:size].zero_()
-        max_len = min(int(host_lens[:b].max()), self.max_context) if b > 0 else 0
-        prefix_kv(self.req_to_token, self.pool_rows[:size], self.prefix[:size], None, self.kv_indptr,
-                  self.kv_indices, max_context_len=max(max_len, 1))
+        prefix_kv(self.req_to_token, self.pool_rows[:size], self.prefix[:size], host_bound, self.kv_indptr,
+                  self.kv_indices, max_context_len=self.max_context)
         graph.replay()
         return tree_tokens[:b], parents[:b], depths[:b], tree_mask[: b * width]

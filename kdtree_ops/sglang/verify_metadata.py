@@ -133,8 +133,23 @@ def _indptr(lengths: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     return view
 
 
-def prefix_kv(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor, host_lens,
-              kv_indptr: torch.Tensor | None = None, kv_indices: torch.Tensor | None = None,
+def host_length_bound(batch, bs: int) -> int | None:
+    """An upper bound, known on the host, on the committed lengths of a batch's first `bs` requests, or None.
+
+    The max of `seq_lens_cpu` where the scheduler copied the lengths to the host, else SGLang's `max_seq_len_host`
+    where the batch carries one: the largest KV length allocated to a request, set by spec decode's preparation when
+    the overlap scheduler publishes no host lengths (eagle_utils.eagle_prepare_for_decode; the DDTREE worker sets it
+    from its requests each round), never below a committed length since slots are allocated before they are written.
+    """
+    host = getattr(batch, "seq_lens_cpu", None)
+    if host is not None:
+        return int(host[:bs].max()) if bs > 0 else 0
+    bound = getattr(batch, "max_seq_len_host", None)
+    return None if bound is None else int(bound)
+
+
+def prefix_kv(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix_lens: torch.Tensor,
+              host_bound: int | None, kv_indptr: torch.Tensor | None = None, kv_indices: torch.Tensor | None = None,
               max_context_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(kv_indptr [B+1] int32, kv_indices int32) of B requests' committed prefixes, on the device with no host sync:
     request b's prefix_lens[b] token slots from req_to_token at kv_indptr[b] (fill_prefix_slots).
@@ -142,8 +157,8 @@ def prefix_kv(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix
     Args:
         req_to_token, req_pool_indices: SGLang's slot table and each request's row of it.
         prefix_lens: [B] committed lengths on the device.
-        host_lens: the same lengths on the host ([>= B], a batch's seq_lens_cpu) or None: their max bounds the
-            [B, max_len] gather; without them the gather spans max_context_len columns.
+        host_bound: an upper bound on those lengths known on the host (host_length_bound) or None: it bounds the
+            [B, max_len] gather; without one the gather spans max_context_len columns.
         kv_indptr, kv_indices: static buffers to write (>= B + 1 and >= B * max_context_len + 1 entries), or None
             for fresh ones (kv_indices of B * max_len + 1 entries).
         max_context_len: the most slots a request holds (default: req_to_token's width).
@@ -151,7 +166,7 @@ def prefix_kv(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix
     bs = prefix_lens.shape[0]
     device = prefix_lens.device
     bound = req_to_token.shape[1] if max_context_len is None else max_context_len
-    max_len = min(int(host_lens[:bs].max()), bound) if host_lens is not None and bs > 0 else bound
+    max_len = bound if host_bound is None else min(host_bound, bound)
     kv_indptr = _indptr(prefix_lens, torch.empty(bs + 1, dtype=torch.int32, device=device)
                         if kv_indptr is None else kv_indptr)
     if kv_indices is None:
@@ -162,13 +177,13 @@ def prefix_kv(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, prefix
 
 def eager_verify_step(forward_batch, spec_info, req_to_token: torch.Tensor, tokens: int, words: int,
                       verify_mask) -> VerifyStep:
-    """The metadata of an eager verify step (fresh tensors; host lengths used where the batch has them)."""
+    """The metadata of an eager verify step (fresh tensors; a host bound on the lengths where the batch has one)."""
     bs = forward_batch.batch_size
     device = forward_batch.seq_lens.device
     prefix = forward_batch.seq_lens[:bs]
     qo_indptr = torch.arange(0, (bs + 1) * tokens, tokens, dtype=torch.int32, device=device)
     kv_indptr, kv_indices = prefix_kv(req_to_token, forward_batch.req_pool_indices, prefix,
-                                      getattr(forward_batch, "seq_lens_cpu", None))
+                                      host_length_bound(forward_batch, bs))
     # q's rows: the requests' B T, plus the rows DP attention pads after them (out_cache_loc is padded with q;
     # forward_batch_info.prepare_mlp_sync_batch). The mask's rows past the requests are zero.
     num_rows = max(bs * tokens, forward_batch.out_cache_loc.shape[0])
@@ -203,7 +218,7 @@ class GraphVerifyBuffers:
         qo.copy_(torch.arange(0, (bs + 1) * tokens, tokens, dtype=torch.int32, device=qo.device))
         # outside the graph, so a host bound on the lengths may size the gather
         kv_indptr, _ = prefix_kv(req_to_token, forward_batch.req_pool_indices, prefix,
-                                 getattr(forward_batch, "seq_lens_cpu", None), self.kv_indptr, self.kv_indices,
+                                 host_length_bound(forward_batch, bs), self.kv_indptr, self.kv_indices,
                                  self.max_context_len)
         self.refresh_mask(forward_batch, forward_batch.spec_info, tokens, verify_mask)
         return VerifyStep(qo, kv_indptr, self.kv_indices, self.packed, None)
