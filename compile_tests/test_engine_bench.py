@@ -65,13 +65,13 @@ def test_configuration_names_are_the_launches_they_say():
 
 
 def test_stats_delta_counts_the_timed_batch_alone():
-    before = {"rounds": 3, "published": 0, "published_early": 1, "profiled": True, "drafts_accepted": 5,
-              "host_gaps": 2, "seconds": {"draft": 1.0, "host": 0.5}}
-    after = {"rounds": 8, "published": 0, "published_early": 4, "profiled": True, "drafts_accepted": 12,
-             "host_gaps": 6, "seconds": {"draft": 1.5, "host": 0.75}}
+    before = {"rounds": 3, "published": 0, "published_early": 1, "without_host_lengths": 2, "profiled": True,
+              "drafts_accepted": 5, "host_gaps": 2, "seconds": {"draft": 1.0, "host": 0.5}}
+    after = {"rounds": 8, "published": 0, "published_early": 4, "without_host_lengths": 7, "profiled": True,
+             "drafts_accepted": 12, "host_gaps": 6, "seconds": {"draft": 1.5, "host": 0.75}}
     delta = engine_bench.stats_delta(before, after)
     assert (delta["rounds"], delta["drafts_accepted"], delta["host_gaps"], delta["published"],
-            delta["published_early"]) == (5, 7, 4, 0, 3)
+            delta["published_early"], delta["without_host_lengths"]) == (5, 7, 4, 0, 3, 5)
     assert delta["seconds"] == pytest.approx({"draft": 0.5, "host": 0.25})
 
 

@@ -208,7 +208,7 @@ def stats_delta(before: dict | None, after: dict | None) -> dict | None:
     if not after:
         return None
     delta = dict(after)
-    for counter in ("rounds", "published", "published_early", "drafts_accepted", "host_gaps"):
+    for counter in ("rounds", "published", "published_early", "without_host_lengths", "drafts_accepted", "host_gaps"):
         if counter in after:
             delta[counter] = after[counter] - before.get(counter, 0)
     if after.get("profiled"):

@@ -81,14 +81,17 @@ class PhaseClock:
     two rounds (results to the host, output processing, the next batch's preparation), which the synchronous
     scheduler adds to every round and the overlap scheduler runs while the device works; `host_gaps` counts them.
     `published` counts the rounds that published their lengths (`on_publish`: SGLang passes it on the overlap
-    scheduler only) and `published_early` those of them that published before their verify (plain decode), both
-    counted whether or not profiling is on."""
+    scheduler only) and `published_early` those of them that published before their verify (plain decode);
+    `without_host_lengths` the rounds SGLang copied no host lengths for (the overlap scheduler when no backend
+    `needs_cpu_seq_lens`: it did not wait for the previous round's publish); all counted whether or not profiling
+    is on."""
 
     def __init__(self, device):
         self.enabled = os.environ.get(PROFILE_ENV, "") == "1"
         self.device = torch.device(device)
         self.seconds = dict.fromkeys((*PHASES, "host"), 0.0)
         self.rounds = self.drafts_accepted = self.host_gaps = self.published = self.published_early = 0
+        self.without_host_lengths = 0
         self._last = 0.0
         self._round_end: float | None = None  # the last decode round's end, until a prefill runs
 
@@ -110,10 +113,11 @@ class PhaseClock:
             self.seconds[phase] += now - self._last
             self._last = now
 
-    def end(self, accept_len: torch.Tensor, published: bool, early: bool) -> None:
+    def end(self, accept_len: torch.Tensor, published: bool, early: bool, host_lengths: bool) -> None:
         self.rounds += 1
         self.published += int(published)
         self.published_early += int(early)
+        self.without_host_lengths += int(not host_lengths)
         if self.enabled:
             self.drafts_accepted += int(accept_len.sum())
             self._round_end = self._now()
@@ -124,7 +128,7 @@ class PhaseClock:
 
     def stats(self) -> dict:
         out = {"rounds": self.rounds, "published": self.published, "published_early": self.published_early,
-               "profiled": self.enabled}
+               "without_host_lengths": self.without_host_lengths, "profiled": self.enabled}
         if self.enabled:
             out.update(drafts_accepted=self.drafts_accepted, host_gaps=self.host_gaps, seconds=dict(self.seconds))
         return out
@@ -297,6 +301,7 @@ class DDTreeWorker(BaseSpecWorker):
         if prefix.device.type == "cuda":  # overlap: gathered from the FutureMap on the schedule stream
             prefix.record_stream(torch.cuda.current_stream(prefix.device))
         req_to_token = self.req_to_token_pool.req_to_token
+        host_lengths = batch.seq_lens_cpu is not None
         host_bound = bound_committed_lengths(batch)
         self.clock.start()
         # Overlap: plain decode accepts no draft, so its next lengths are known before the verify, and published
@@ -371,7 +376,7 @@ class DDTreeWorker(BaseSpecWorker):
         emitted = ddtree.emitted_tokens(tree_tokens, accepted, accept_len, next_tokens)
         batch.forward_mode = ForwardMode.DECODE
         self.clock.lap("commit")
-        self.clock.end(accept_len, published=on_publish is not None, early=publish_early)
+        self.clock.end(accept_len, published=on_publish is not None, early=publish_early, host_lengths=host_lengths)
         return GenerationBatchResult(
             logits_output=logits_output, next_token_ids=emitted.reshape(-1), accept_lens=accept_lens,
             can_run_cuda_graph=out.can_run_cuda_graph, new_seq_lens=new_seq_lens,
