@@ -6,6 +6,9 @@
 #
 # On the lent machine, where at most 8 files under $OUT come back, write RESULTS_DIR outside $OUT and pack it:
 #   bash examples/gpu_suite.sh /tmp/r PART...; tar czf "$OUT/results.tgz" -C /tmp/r .
+# and keep KDTREE_SUITE_BUDGET_S below the call's limit (the device time left may cut it shorter than asked); a call
+# killed at its limit returns only what is already under $OUT, so pack as it goes as well:
+#   (while sleep 60; do tar czf "$OUT/partial.tgz" -C /tmp/r .; done) &
 #
 # Run from the repository root on the GPU machine. The parts (default: the first three, in this order):
 #   native    build the library (JIT, this GPU's arch, with its time); pytest -m cuda over compile_tests (CUDA
