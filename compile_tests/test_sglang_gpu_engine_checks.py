@@ -36,7 +36,8 @@ def test_first_differences_reports_the_reference_margin():
 
 def test_report_verdicts(tmp_path):
     lines = [{"model": "m", "config": "none", "ok": True},
-             {"model": "m", "config": "ddtree64", "ok": True, "compare": {"equal": True, "differences": []}},
+             {"model": "m", "config": "ddtree64", "ok": True, "compare": {"equal": True, "differences": []},
+              "ddtree": [{"rounds": 33, "published": 33, "published_early": 0, "without_host_lengths": 33}]},
              {"model": "m", "config": "eagle", "ok": True},
              {"model": "m", "config": "dflash", "ok": False, "error": "EngineError: boom"},
              {"model": "m", "config": "ddtree64", "greedy_check": {"checked": 3, "near_ties_taken": 0,
@@ -49,6 +50,7 @@ def test_report_verdicts(tmp_path):
     assert verdict({"config": "none", "ok": True}) == "reference"
     summary = write_summary(tmp_path)
     assert "| m | ddtree64 | ok | 3 tokens, 0 near-ties, 0 wrong | equal |" in summary
+    assert "| 33 rounds, 33 published, 33 without host lengths |" in summary
     assert "| m | eagle | WRONG |" in summary and "| m | dflash | FAILED |" in summary
 
 

@@ -57,6 +57,20 @@ def _op_counts(record: dict) -> str:
     return "; ".join(parts)
 
 
+def ddtree_rounds(record: dict) -> str:
+    """The DDTREE worker's decode rounds over the engine's life: how many published their lengths (the overlap
+    loop) and how many SGLang copied no host lengths for (over triton on that loop: every one); '' without DDTREE."""
+    parts = []
+    for stats in record.get("ddtree") or []:
+        text = f"{stats['rounds']} rounds"
+        if stats.get("published"):
+            text += f", {stats['published']} published"
+        if "without_host_lengths" in stats:
+            text += f", {stats['without_host_lengths']} without host lengths"
+        parts.append(text)
+    return "; ".join(parts)
+
+
 def merged(out: Path) -> list:
     """One record per configuration run: its line with its scoring line's greedy check folded in. A scoring line
     follows its runs in the same file and belongs to the last run of its (model, configuration) before it, so runs
@@ -120,7 +134,7 @@ def _equal(record: dict) -> str:
 
 def write_summary(out: Path) -> str:
     lines = ["| model | configuration | verdict | greedy check | vs no speculation | tokens/verify | tok/s | startup s "
-             "| verify (kdtree) | op in replays | error |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| verify (kdtree) | op in replays | DDTREE rounds | error |", "|---" * 12 + "|"]
     for r in merged(out):
         g = r.get("greedy_check")
         check = f"{g['checked']} tokens, {g['near_ties_taken']} near-ties, {g['num_violations']} wrong" if g else ""
@@ -129,7 +143,7 @@ def write_summary(out: Path) -> str:
         error = (r.get("error") or "").strip().splitlines()[-1][:160] if r.get("error") else rank_mismatch(r)
         lines.append(f"| {r.get('model')} | {r['config']} | {verdict(r)} | {check} | {_equal(r)} | "
                      f"{r.get('tokens_per_verify') or ''} | {r.get('tokens_per_s') or ''} | {r.get('startup_s') or ''} | "
-                     f"{_op_counts(r)} | {replay_proof(r)} | {error.replace('|', '/')} |")
+                     f"{_op_counts(r)} | {replay_proof(r)} | {ddtree_rounds(r)} | {error.replace('|', '/')} |")
     text = "\n".join(lines) + "\n"
     (Path(out) / "summary.md").write_text(text)
     return text
