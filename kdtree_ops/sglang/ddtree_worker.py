@@ -148,7 +148,10 @@ def bound_committed_lengths(batch) -> int:
     kdtree's verify metadata): the max of `seq_lens_cpu` where the scheduler copied the lengths to the host; else
     (the overlap scheduler when no backend `needs_cpu_seq_lens`) the largest KV length SGLang allocated to a request,
     host state its decode preparation keeps (`req.kv.kv_allocated_len`; a slot is allocated before it is written),
-    also set as the batch's `max_seq_len_host`, SGLang's field for this bound, so the verify forward carries it."""
+    also set as the batch's `max_seq_len_host`, SGLang's field for this bound, so the verify forward carries it.
+    SGLang's decode preparation sets that field only when it saw no host lengths itself (eagle_prepare_for_decode),
+    not on the first decode round after a prefill, whose gathers would then span the table: the worker sets it fresh
+    every round instead."""
     if batch.seq_lens_cpu is None:
         batch.max_seq_len_host = max(int(r.kv.kv_allocated_len) for r in batch.reqs)
     return host_length_bound(batch, len(batch.reqs))
